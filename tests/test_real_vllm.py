@@ -1,0 +1,87 @@
+"""The real vLLM 0.32.0 on CPU with n-gram: per-request fields reconcile exactly with /metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from specwatch import cli
+from specwatch.acceptance import total
+from specwatch.chat_client import chat_body, fetch_metrics, run_chat
+from specwatch.reconcile import reconcile
+from specwatch.vllm_cpu.capture import capture_server
+from specwatch.vllm_metrics import spec_decode_counters
+from specwatch.workloads import article_rows
+from tests.capture_checks import check_capture, sse_events
+
+pytestmark = pytest.mark.real_vllm
+
+
+def stream_usage_chunk(url: str, body: dict) -> dict:
+    response = requests.post(url + "/v1/chat/completions", timeout=300,
+                             json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert response.status_code == 200
+    events = sse_events(response.content)
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == []
+    return dict(events[-2])
+
+
+def test_summed_fields_equal_counter_differences_per_position_included(ngram_server):
+    url = ngram_server.url
+    code, chat = article_rows("code")[:3], article_rows("chat")[:3]
+    before = spec_decode_counters(fetch_metrics(url))
+    bodies = [r.body for r in run_chat(url, code + chat, max_tokens=64, concurrency=3)]
+    bodies.append(stream_usage_chunk(url, chat_body(article_rows("code")[5], 32)))
+    after = spec_decode_counters(fetch_metrics(url))
+
+    fields = [b["metrics"]["speculative_decoding"] for b in bodies]
+    assert all(len(f["acceptance_histogram"]) == 5 and f["num_spec_tokens"] == 4 for f in fields)
+    delta = after.minus(before)
+    # Independent sums straight from the JSON, compared with the counter differences.
+    assert delta.drafts == sum(f["num_spec_steps"] for f in fields)
+    assert delta.draft_tokens == sum(f["num_draft_tokens"] for f in fields)
+    assert delta.accepted == sum(f["num_accepted_draft_tokens"] for f in fields)
+    for p in range(4):
+        assert delta.per_position[p] == sum(sum(f["acceptance_histogram"][p + 1:]) for f in fields)
+    assert delta.drafts > 0 and delta.accepted > 0, "copy-heavy code prompts must draft and accept"
+    per_pos = [delta.per_position[p] for p in range(4)]
+    assert per_pos == sorted(per_pos, reverse=True), "position-wise acceptance never increases"
+
+
+def test_main_job_against_the_real_server(ngram_server, tmp_path, capsys):
+    code = cli.main(["demo", "--url", ngram_server.url, "--rows", "2", "--max-tokens", "48",
+                     "--out", str(tmp_path), "--json"])
+    assert code == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "reconciliation with /metrics counter deltas" in out and "all equal" in out
+    printed = json.loads(out.strip().splitlines()[-1])
+    saved = [json.loads(line) for line in (tmp_path / "responses.jsonl").read_text().splitlines()]
+    for task in ("code", "chat"):
+        fields = [s["response"]["metrics"]["speculative_decoding"] for s in saved if s["task"] == task]
+        tokens = sum(s["response"]["usage"]["completion_tokens"] for s in saved if s["task"] == task)
+        c = sum(f["num_accepted_draft_tokens"] for f in fields)
+        d = sum(f["num_draft_tokens"] for f in fields)
+        r = sum(f["num_spec_steps"] for f in fields)
+        assert (printed[task]["C"], printed[task]["D"], printed[task]["R"]) == (c, d, r)
+        assert printed[task]["acceptance_rate"] == (c / d if d else None)
+        assert printed[task]["drafted_token_share"] == c / tokens
+        columns = zip(*(f["acceptance_histogram"] for f in fields), strict=True)
+        assert printed[task]["histogram"] == [sum(col) for col in columns]
+
+
+def test_capture_command_records_a_consistent_capture(ngram_server, tmp_path):
+    capture_server(ngram_server.url, tmp_path)
+    check_capture(tmp_path, speculative=True)
+
+
+def test_reconcile_flags_a_mismatch(ngram_server):
+    """The reconciliation can fail: a request the fields do not see makes the counters disagree."""
+    url = ngram_server.url
+    before = spec_decode_counters(fetch_metrics(url))
+    seen = run_chat(url, article_rows("code")[:1], max_tokens=32)
+    run_chat(url, article_rows("code")[1:2], max_tokens=32)  # drafts, but left out of the sum
+    delta = spec_decode_counters(fetch_metrics(url)).minus(before)
+    checks = reconcile(total(r.body for r in seen), delta)
+    assert any(not c.equal for c in checks)
