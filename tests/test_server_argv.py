@@ -3,7 +3,7 @@
 import json
 
 from specwatch import cli
-from specwatch.vllm_cpu.server import NGRAM_CONFIG, serve_argv, server_environment
+from specwatch.vllm_cpu.server import NGRAM_CONFIG, cpu_dtype, serve_argv, server_environment
 
 
 def flag(argv, name):
@@ -49,3 +49,10 @@ def test_demo_rejects_bad_numbers(tmp_path, capsys):
 def test_serve_without_environment_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["--home", str(tmp_path), "vllm-cpu", "serve"]) == cli.EXIT_ERROR
     assert "run `specwatch vllm-cpu setup`" in capsys.readouterr().err
+
+
+def test_dtype_follows_native_bf16_support():
+    assert cpu_dtype("flags : fpu avx2 avx512f avx512_bf16 amx_tile") == "bfloat16"
+    assert cpu_dtype("flags : fpu sse4_2 avx2 fma") == "float32"
+    assert flag(serve_argv("/m", dtype="bfloat16"), "--dtype") == "bfloat16"
+    assert flag(serve_argv("/m"), "--dtype") in {"bfloat16", "float32"}

