@@ -66,3 +66,36 @@ def check_capture(folder: Path, speculative: bool, k: int = 4) -> None:
     assert final_body(folder, "chat_stream_no_usage") == {}
     error = json.loads((folder / "error_stream_options_without_stream.response").read_bytes())
     assert "error" in error or "message" in error
+
+
+def shape(value: Any) -> Any:
+    """The JSON structure without the values: key order, types, null versus absent."""
+    if isinstance(value, dict):
+        return [(k, shape(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        distinct: list[Any] = []
+        for item in value:
+            if shape(item) not in distinct:
+                distinct.append(shape(item))
+        return ["list", distinct]
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+def sse_shapes(raw: bytes) -> list[Any]:
+    """The distinct chunk shapes of a stream, in order of first appearance, and the terminator."""
+    out: list[Any] = []
+    for event in sse_events(raw):
+        s = event if event == "[DONE]" else shape(event)
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def exchange_shapes(folder: Path, name: str) -> Any:
+    raw = (folder / f"{name}.response").read_bytes()
+    request = json.loads((folder / f"{name}.request.json").read_text())
+    if (request["body"] or {}).get("stream"):
+        return sse_shapes(raw)
+    return shape(json.loads(raw)) if raw else "empty"
