@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="layers kept in a truncated draft (repeatable; default 8)")
     s.add_argument("--force", action="store_true")
 
+    sim = verbs.add_parser("sim", add_help=False, help="a vLLM 0.32.0 simulator (same argv as `vllm serve`)")
+    sim.add_argument("argv", nargs=argparse.REMAINDER, help="`vllm serve` arguments plus --sim-* knobs")
+
     w = verbs.add_parser("workloads", help="write the article's code.jsonl and chat.jsonl")
     w.add_argument("--out", type=Path, default=Path("data"))
     w.add_argument("--lang", choices=["en", "zh"], default="en",
@@ -124,6 +127,9 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
         for layers, folder in folders.drafts.items():
             print(f"draft ({layers} layers): {folder}")
         return EXIT_OK
+    if args.verb == "sim":
+        from specwatch.simulator.main import main as sim_main
+        return sim_main(args.argv)
     if args.verb == "workloads":
         from specwatch.workloads import write_article_workloads
         for name, digest in write_article_workloads(args.out, args.lang).items():

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import requests
 
 from specwatch.config import Home, resolve_home
 from specwatch.models import build as models
@@ -37,3 +43,62 @@ def ngram_server(home: Home, model_folders: models.ModelFolders,
                       extra=["--max-num-seqs", "8"])
     with VllmServer(home, argv, port, log).start() as server:
         yield server
+
+
+class SimServer:
+    """A `specwatch sim` process on a free loopback port."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        cmd = [sys.executable, "-m", "specwatch.cli", "sim", *args, "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sim exited: {log.read_text()}")
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"sim not healthy: {log.read_text()}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+NGRAM_SIM_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
+                  "--max-num-seqs", "16", "--seed", "42", "--per-request-spec-decode-metrics", "summary",
+                  "--speculative-config", json.dumps(NGRAM_CONFIG), "--sim-time-scale", "0.02"]
+
+
+@pytest.fixture(scope="session")
+def sim_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[list[str]], SimServer]]:
+    started: list[SimServer] = []
+
+    def start(args: list[str]) -> SimServer:
+        server = SimServer(args, tmp_path_factory.mktemp("sim") / "sim.log")
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def sim_ngram(sim_factory: Callable[[list[str]], SimServer]) -> SimServer:
+    return sim_factory(NGRAM_SIM_ARGS)
+
+
+@pytest.fixture(scope="session")
+def sim_baseline(sim_factory: Callable[[list[str]], SimServer]) -> SimServer:
+    return sim_factory(["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
+                        "--max-num-seqs", "16", "--seed", "42", "--sim-time-scale", "0.02"])

@@ -1,0 +1,127 @@
+"""`specwatch sim` over real HTTP: the same wire format, counting rules and behaviour as vLLM 0.32.0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch.acceptance import total
+from specwatch.chat_client import fetch_metrics, run_chat
+from specwatch.reconcile import reconcile
+from specwatch.vllm_cpu.capture import capture_server, exchanges
+from specwatch.vllm_metrics import spec_decode_counters
+from specwatch.workloads import article_rows
+from tests.capture_checks import check_capture, exchange_shapes
+from tests.conftest import SimServer
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
+CATALOG = Path(__file__).parents[1] / "specwatch" / "simulator" / "vllm-0.32.0-families.json"
+
+
+@pytest.fixture(scope="module")
+def sim_captures(sim_ngram: SimServer, sim_baseline: SimServer,
+                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = {}
+    for name, server in (("ngram", sim_ngram), ("baseline", sim_baseline)):
+        out[name] = tmp_path_factory.mktemp(f"sim-{name}")
+        capture_server(server.url, out[name])
+    return out
+
+
+@pytest.mark.parametrize("variant,speculative", [("ngram", True), ("baseline", False)])
+def test_sim_capture_passes_the_checks_the_real_capture_passes(sim_captures, variant, speculative):
+    check_capture(sim_captures[variant], speculative)
+
+
+@pytest.mark.parametrize("name", [e.name for e in exchanges()])
+@pytest.mark.parametrize("variant", ["ngram", "baseline"])
+def test_json_and_sse_shapes_equal_the_real_servers(sim_captures, variant, name):
+    """Key order, types, null versus absent, chunk kinds: replayed against the golden captures."""
+    assert exchange_shapes(sim_captures[variant], name) == exchange_shapes(FIXTURES / variant, name)
+
+
+def _families(text: str) -> dict[str, tuple[str, set[str], list[float] | None]]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith("vllm:") or fam.name.endswith("_created"):
+            continue
+        labels = {k for s in fam.samples for k in s.labels if k != "le"}
+        buckets = sorted({float(s.labels["le"]) for s in fam.samples if "le" in s.labels} - {float("inf")})
+        out[fam.name] = (fam.type, labels, buckets or None)
+    return out
+
+
+def test_metric_families_match_the_catalog_read_from_the_wheel(sim_ngram):
+    catalog = {e["name"]: e for e in json.loads(CATALOG.read_text())}
+    exposed = _families(fetch_metrics(sim_ngram.url))
+    expected = {n for n, e in catalog.items() if e["condition"] in ("always", "speculative config set")}
+    assert set(exposed) == expected
+    for name, (kind, labels, buckets) in exposed.items():
+        entry = catalog[name]
+        assert kind == entry["type"], name
+        assert labels == set(entry["labels"]), name
+        if entry["type"] == "histogram" and entry.get("buckets") is not None:
+            assert buckets == [float(b) for b in entry["buckets"]], name
+
+
+def test_metric_exposition_equals_the_real_capture_family_for_family(sim_ngram):
+    real = _families((FIXTURES / "ngram" / "metrics_before.txt").read_text())
+    assert _families(fetch_metrics(sim_ngram.url)) == real
+
+
+def test_openai_client_streams_with_include_usage(sim_ngram):
+    client = openai.OpenAI(base_url=sim_ngram.url + "/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="spec-demo", messages=[{"role": "user", "content": article_rows("code")[2].prompt}],
+        temperature=0, max_tokens=64, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert usage_chunk.usage.completion_tokens == 64
+    assert usage_chunk.model_extra is not None
+    spec = usage_chunk.model_extra["metrics"]["speculative_decoding"]
+    assert spec["num_spec_tokens"] == 4 and len(spec["acceptance_histogram"]) == 5
+    assert 64 <= 1 + spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] + 4  # accepted may be cut
+    assert text.startswith("def scale_0(value):")
+
+
+def test_errors_have_vllms_shape_and_status(sim_ngram):
+    url = sim_ngram.url + "/v1/chat/completions"
+    wrong = requests.post(url, json={"model": "nope", "messages": [{"role": "user", "content": "x"}]}, timeout=10)
+    assert wrong.status_code == 404
+    assert wrong.json()["error"] == {"message": "The model `nope` does not exist. Valid aliases: spec-demo.",
+                                     "type": "NotFoundError", "param": "model", "code": 404}
+    broken = requests.post(url, data=b"{not json", headers={"Content-Type": "application/json"}, timeout=10)
+    assert broken.status_code == 400 and broken.json()["error"]["type"] == "BadRequestError"
+    too_long = requests.post(url, json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6},
+                             timeout=10)
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
+    assert requests.get(sim_ngram.url + "/health", timeout=5).status_code == 200  # still serving
+
+
+def test_per_request_flag_without_speculation_refuses_to_start():
+    done = subprocess.run([sys.executable, "-m", "specwatch.cli", "sim", "m", "--per-request-spec-decode-metrics",
+                           "summary"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "speculative decoding" in done.stderr
+
+
+def test_article_workloads_coverage_separates_code_from_chat(sim_ngram):
+    """Drafted share is clearly higher on code; per-position acceptance never increases; sums reconcile."""
+    before = fetch_metrics(sim_ngram.url)
+    code = run_chat(sim_ngram.url, article_rows("code")[:8], max_tokens=256, concurrency=8)
+    chat = run_chat(sim_ngram.url, article_rows("chat")[:8], max_tokens=256, concurrency=8)
+    delta = spec_decode_counters(fetch_metrics(sim_ngram.url)).minus(spec_decode_counters(before))
+    code_acc, chat_acc = total(r.body for r in code), total(r.body for r in chat)
+    assert code_acc.drafted_token_share is not None and chat_acc.drafted_token_share is not None
+    assert code_acc.drafted_token_share > 1.5 * chat_acc.drafted_token_share
+    assert [c for c in reconcile(total(r.body for r in code + chat), delta) if not c.equal] == []
+    per_pos = [delta.per_position[p] / delta.drafts for p in range(4)]
+    assert per_pos == sorted(per_pos, reverse=True)
