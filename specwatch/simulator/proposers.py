@@ -31,12 +31,16 @@ COPY_BOOST = 0.6  # share of the remaining disagreement removed when the next pi
 
 
 class NgramIndex:
-    """Latest earlier occurrence of every n-gram (n in [n_min, n_max]) in a growing sequence."""
+    """Earliest occurrence of every n-gram (n in [n_min, n_max]) of a growing sequence.
+
+    vLLM 0.32.0's CPU proposer (`_find_longest_matched_ngram_and_propose_tokens`) takes the
+    longest suffix n-gram that occurred before and, among equally long ones, the earliest.
+    """
 
     def __init__(self, n_min: int, n_max: int) -> None:
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[str] = []
-        self._latest: dict[tuple[str, ...], int] = {}
+        self._earliest: dict[tuple[str, ...], int] = {}
 
     def extend(self, pieces: Sequence[str]) -> None:
         for piece in pieces:
@@ -44,14 +48,14 @@ class NgramIndex:
             end = len(self.tokens)
             for n in range(self.n_min, self.n_max + 1):
                 if end - n >= 0:
-                    self._latest[tuple(self.tokens[end - n:end])] = end - n
+                    self._earliest.setdefault(tuple(self.tokens[end - n:end]), end - n)
             self.tokens.append(piece)
 
     def propose(self, k: int) -> list[str]:
-        """Pieces following the longest suffix n-gram seen earlier (vLLM: longest n first)."""
+        """Up to k pieces following the longest suffix n-gram seen earlier (its earliest occurrence)."""
         size = len(self.tokens)
         for n in range(min(self.n_max, size), self.n_min - 1, -1):
-            start = self._latest.get(tuple(self.tokens[size - n:]))
+            start = self._earliest.get(tuple(self.tokens[size - n:]))
             if start is not None:
                 return self.tokens[start + n:start + n + k]
         return []
