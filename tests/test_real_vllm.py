@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch import cli
 from specwatch.acceptance import total
 from specwatch.chat_client import chat_body, fetch_metrics, run_chat
 from specwatch.reconcile import reconcile
-from specwatch.vllm_cpu.capture import capture_server
+from specwatch.vllm_cpu.capture import capture_server, exchanges
 from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import article_rows
-from tests.capture_checks import check_capture, sse_events
+from tests.capture_checks import check_capture, exchange_shapes, sse_events
 
 pytestmark = pytest.mark.real_vllm
 
@@ -74,6 +76,31 @@ def test_main_job_against_the_real_server(ngram_server, tmp_path, capsys):
 def test_capture_command_records_a_consistent_capture(ngram_server, tmp_path):
     capture_server(ngram_server.url, tmp_path)
     check_capture(tmp_path, speculative=True)
+
+
+def test_simulator_is_indistinguishable_from_the_real_server_on_the_wire(ngram_server, sim_ngram, tmp_path):
+    """The same requests to the real vLLM and to `specwatch sim`: same shapes, statuses, counting rules."""
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    capture_server(ngram_server.url, real)
+    capture_server(sim_ngram.url, sim)
+    check_capture(real, speculative=True)
+    check_capture(sim, speculative=True)
+    real_manifest = json.loads((real / "manifest.json").read_text())["exchanges"]
+    sim_manifest = json.loads((sim / "manifest.json").read_text())["exchanges"]
+    assert [(e["name"], e["status"], e["content_type"]) for e in sim_manifest] == \
+        [(e["name"], e["status"], e["content_type"]) for e in real_manifest]
+    for exchange in exchanges():
+        assert exchange_shapes(sim, exchange.name) == exchange_shapes(real, exchange.name), exchange.name
+    assert _families_of(sim / "metrics_after.txt") == _families_of(real / "metrics_after.txt")
+
+
+def _families_of(path: Path) -> dict[str, tuple[str, frozenset[str]]]:
+    out = {}
+    for fam in text_string_to_metric_families(path.read_text()):
+        if fam.name.startswith("vllm:"):
+            labels = {k for s in fam.samples for k in s.labels if k not in ("le",)}
+            out[fam.name] = (fam.type, frozenset(labels))
+    return out
 
 
 def test_reconcile_flags_a_mismatch(ngram_server):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
@@ -18,30 +19,32 @@ from specwatch.reconcile import reconcile
 from specwatch.vllm_cpu.capture import capture_server, exchanges
 from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import article_rows
-from tests.capture_checks import check_capture, exchange_shapes
-from tests.conftest import SimServer
+from tests.capture_checks import check_capture, exchange_shapes, sse_events
+from tests.conftest import NGRAM_SIM_ARGS, SimServer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
 CATALOG = Path(__file__).parents[1] / "specwatch" / "simulator" / "vllm-0.32.0-families.json"
 
 
 @pytest.fixture(scope="module")
-def sim_captures(sim_ngram: SimServer, sim_baseline: SimServer,
+def sim_captures(sim_ngram: SimServer, sim_baseline: SimServer, sim_factory: Callable[[list[str]], SimServer],
                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    detailed = sim_factory([a if a != "summary" else "detailed" for a in NGRAM_SIM_ARGS]
+                           + ["--enable-per-request-metrics"])
     out = {}
-    for name, server in (("ngram", sim_ngram), ("baseline", sim_baseline)):
+    for name, server in (("ngram", sim_ngram), ("baseline", sim_baseline), ("ngram-detailed", detailed)):
         out[name] = tmp_path_factory.mktemp(f"sim-{name}")
         capture_server(server.url, out[name])
     return out
 
 
-@pytest.mark.parametrize("variant,speculative", [("ngram", True), ("baseline", False)])
+@pytest.mark.parametrize("variant,speculative", [("ngram", True), ("baseline", False), ("ngram-detailed", True)])
 def test_sim_capture_passes_the_checks_the_real_capture_passes(sim_captures, variant, speculative):
     check_capture(sim_captures[variant], speculative)
 
 
 @pytest.mark.parametrize("name", [e.name for e in exchanges()])
-@pytest.mark.parametrize("variant", ["ngram", "baseline"])
+@pytest.mark.parametrize("variant", ["ngram", "baseline", "ngram-detailed"])
 def test_json_and_sse_shapes_equal_the_real_servers(sim_captures, variant, name):
     """Key order, types, null versus absent, chunk kinds: replayed against the golden captures."""
     assert exchange_shapes(sim_captures[variant], name) == exchange_shapes(FIXTURES / variant, name)
@@ -125,3 +128,35 @@ def test_article_workloads_coverage_separates_code_from_chat(sim_ngram):
     assert [c for c in reconcile(total(r.body for r in code + chat), delta) if not c.equal] == []
     per_pos = [delta.per_position[p] / delta.drafts for p in range(4)]
     assert per_pos == sorted(per_pos, reverse=True)
+
+
+def test_sampling_is_seeded(sim_ngram):
+    def text(seed: int, temperature: float) -> str:
+        body = {"messages": [{"role": "user", "content": "Case 1: explain caching."}], "max_tokens": 40,
+                "temperature": temperature, "seed": seed}
+        r = requests.post(sim_ngram.url + "/v1/chat/completions", json=body, timeout=30)
+        return str(r.json()["choices"][0]["message"]["content"])
+
+    assert text(1, 1.0) == text(1, 1.0)
+    assert text(1, 1.0) != text(2, 1.0)
+    assert text(1, 0.0) == text(2, 0.0)  # greedy ignores the seed
+
+
+def test_force_include_usage_adds_usage_to_every_chunk(sim_factory):
+    server = sim_factory([*NGRAM_SIM_ARGS, "--enable-force-include-usage"])
+    body = {"messages": [{"role": "user", "content": article_rows("code")[0].prompt}], "max_tokens": 24,
+            "temperature": 0, "stream": True}
+    events = sse_events(requests.post(server.url + "/v1/chat/completions", json=body, timeout=30).content)
+    chunks = [e for e in events if e != "[DONE]"]
+    assert all("usage" in c for c in chunks)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["metrics"]["speculative_decoding"]["num_spec_tokens"] == 4
+    completions = [c["usage"]["completion_tokens"] for c in chunks]
+    assert completions == sorted(completions) and completions[-1] == 24
+
+
+def test_help_and_type_lines_are_byte_identical_to_the_real_exposition(sim_ngram):
+    def meta(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith(("# HELP vllm:", "# TYPE vllm:"))]
+
+    real = meta((FIXTURES / "ngram" / "metrics_before.txt").read_text())
+    assert meta(fetch_metrics(sim_ngram.url)) == real and len(real) > 100

@@ -82,6 +82,8 @@ class EngineRequest:
     spec_visible: bool = True  # False when a stop string ended it (vLLM attaches no field then)
     sent_chars: int = 0
     proposer: Any = None
+    modelled_first_ms: float | None = None  # the timing model's clock at the first and the last token
+    modelled_last_ms: float | None = None
 
     def context_len(self) -> int:
         return len(self.prompt) + len(self.generated)
@@ -264,6 +266,9 @@ class Engine:
         for req, pieces, _decode in outputs:
             if req.finished:
                 continue
+            if req.modelled_first_ms is None:
+                req.modelled_first_ms = self.modelled_ms
+            req.modelled_last_ms = self.modelled_ms
             if req.first_token is None:
                 req.first_token = now
                 self.metrics.ttft.observe(now - req.arrival)

@@ -298,9 +298,12 @@ class SimApi:
 
         if chat:
             for i in range(len(seqs)):
-                await send({**head(), "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                   "logprobs": None, "finish_reason": None}],
-                            "prompt_token_ids": None, "prompt_text": None})
+                role = {**head(), "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                               "logprobs": None, "finish_reason": None}],
+                        "prompt_token_ids": None, "prompt_text": None}
+                if self.cfg.force_include_usage:
+                    role["usage"] = self._usage(p, seqs, streamed=True)
+                await send(role)
         async for i, out in _merge(seqs):
             if not out.text and out.finish_reason is None:
                 continue  # text held back (a possible stop string) or an EOS-only step: nothing to send
@@ -316,6 +319,8 @@ class SimApi:
                 choice["prompt_token_ids"] = None
             choice["token_ids"] = None
             chunk = {**head(), "choices": [choice]}
+            if self.cfg.force_include_usage:  # continuous usage stats: running totals on every chunk
+                chunk["usage"] = self._usage(p, seqs, streamed=True)
             if out.finish_reason is not None and not p.include_usage and all(s.finished for s in seqs):
                 chunk["system_fingerprint"] = self.cfg.fingerprint
             await send(chunk)
@@ -349,6 +354,12 @@ async def _collect(seq: EngineRequest) -> tuple[str, StepOutput]:
 
 async def _merge(seqs: list[EngineRequest]) -> AsyncIterator[tuple[int, StepOutput]]:
     """Outputs of several sequences in the order they arrive, tagged with the choice index."""
+    if len(seqs) == 1:  # the common case, without a future per step
+        while True:
+            out = await seqs[0].outputs.get()
+            yield 0, out
+            if out.finish_reason is not None:
+                return
     pending = {asyncio.ensure_future(s.outputs.get()): i for i, s in enumerate(seqs)}
     while pending:
         done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
