@@ -8,7 +8,7 @@ import random
 
 from specwatch.simulator import timing
 from specwatch.simulator.args import parse_sim_args
-from specwatch.simulator.engine import EOS, EngineRequest
+from specwatch.simulator.engine import EOS, Engine, EngineRequest
 from specwatch.simulator.main import build
 from specwatch.simulator.proposers import ModelledDrafter, NgramIndex, SuffixCache, SuffixIndex
 from specwatch.simulator.target import generate
@@ -160,3 +160,71 @@ def test_acceptance_follows_the_drafter_not_a_dialled_rate():
     assert _eagle3_rate("1,1,1") == 1.0
     high, low = _eagle3_rate("0.9,0.9,0.9"), _eagle3_rate("0.2,0.2,0.2")
     assert 0.5 < high < 1.0 and low < 0.5 * high
+
+
+def _run_all(engine_args: list[str], prompts: list[str], max_tokens: int) -> tuple[list[EngineRequest], Engine]:
+    api, engine = build(parse_sim_args([*engine_args, "--sim-time-scale", "0.00001"]))
+
+    async def go() -> list[EngineRequest]:
+        loop = asyncio.create_task(engine.run())
+        reqs = []
+        for i, prompt in enumerate(prompts):
+            gen = generate(prompt, max_tokens)
+            reqs.append(EngineRequest(str(i), tokenize(prompt), gen.tokens, max_tokens))
+            engine.add(reqs[-1])
+        while not all(r.finished for r in reqs):
+            await asyncio.sleep(0.001)
+        loop.cancel()
+        return reqs
+
+    return asyncio.run(go()), engine
+
+
+def test_kv_pressure_preempts_and_recomputes_without_losing_tokens():
+    prompts = [r.prompt for r in article_rows("code")[:8]]
+    reqs, engine = _run_all(["m", "--sim-kv-blocks", "60", "--block-size", "16"], prompts, 200)
+    preempted = engine.metrics.registry.get_sample_value("vllm:num_preemptions_total",
+                                                         {"model_name": "m", "engine": "0"})
+    assert preempted is not None and preempted > 0 and sum(r.preemptions for r in reqs) == preempted
+    for req, prompt in zip(reqs, prompts, strict=True):  # preempted requests still produce the target's text
+        assert req.generated == list(generate(prompt, 200).tokens[:200])
+
+
+def test_a_draft_model_costs_kv_capacity():
+    def blocks(extra: list[str]) -> float:
+        _, engine = build(parse_sim_args(["Qwen/Qwen3-8B", "--gpu-memory-utilization", "0.85", *extra]))
+        return float(engine.cfg.num_blocks)
+
+    baseline = blocks([])
+    draft = blocks(["--speculative-config", json.dumps(DRAFT)])
+    ngram = blocks(["--speculative-config", json.dumps(NGRAM)])
+    assert ngram == baseline and draft < 0.7 * baseline
+
+
+def test_suffix_cache_learns_from_past_requests():
+    suffix = {"method": "suffix", "num_speculative_tokens": 16, "suffix_decoding_max_cached_requests": 0}
+    cached = {**suffix, "suffix_decoding_max_cached_requests": 100}
+    prompt = [article_prompt("chat", 3)] * 2
+
+    def second_request_accepted(spec: dict) -> int:
+        api, engine = build(parse_sim_args(["m", "--speculative-config", json.dumps(spec),
+                                            "--sim-time-scale", "0.00001"]))
+
+        async def go() -> list[EngineRequest]:
+            loop = asyncio.create_task(engine.run())
+            done = []
+            for i, p in enumerate(prompt):  # one after the other, so the second can use the first
+                gen = generate(p, 120)
+                req = EngineRequest(str(i), tokenize(p), (*gen.tokens[:gen.natural_end], EOS), 120)
+                engine.add(req)
+                while not req.finished:
+                    await asyncio.sleep(0.001)
+                done.append(req)
+            loop.cancel()
+            return done
+
+        stats = asyncio.run(go())[1].spec_stats
+        assert stats is not None
+        return stats.accepted
+
+    assert second_request_accepted(cached) > 2 * max(second_request_accepted(suffix), 1)

@@ -160,3 +160,17 @@ def test_help_and_type_lines_are_byte_identical_to_the_real_exposition(sim_ngram
 
     real = meta((FIXTURES / "ngram" / "metrics_before.txt").read_text())
     assert meta(fetch_metrics(sim_ngram.url)) == real and len(real) > 100
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": "hello"}, {"messages": [{"content": "no role"}]}, {"messages": [{"role": "user", "content": "x"}],
+                                                                   "n": 0},
+    {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+    {"messages": [{"role": "user", "content": "x"}], "stop": 7}, [1, 2, 3],
+])
+def test_malformed_requests_get_a_400_and_the_server_keeps_serving(sim_ngram, body):
+    r = requests.post(sim_ngram.url + "/v1/chat/completions", json=body, timeout=10)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400 and error["message"]
+    assert requests.get(sim_ngram.url + "/health", timeout=5).status_code == 200
