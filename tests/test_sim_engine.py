@@ -228,3 +228,12 @@ def test_suffix_cache_learns_from_past_requests():
         return stats.accepted
 
     assert second_request_accepted(cached) > 2 * max(second_request_accepted(suffix), 1)
+
+
+def test_synthetic_rejection_accepts_at_the_preset_rates():
+    spec = {**NGRAM, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [1.0, 1.0, 0.0, 0.0]}
+    reqs, engine = _run_all(["m", "--speculative-config", json.dumps(spec)], [article_prompt("code", 1)], 200)
+    stats = reqs[0].spec_stats
+    assert stats is not None and stats.steps > 10
+    # every drafting step accepts exactly min(2, slots): the preset, not the text, decides
+    assert all(a == min(2, d) for a, d in zip(stats.per_step_accepted, stats.per_step_drafted, strict=True))

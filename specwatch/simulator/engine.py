@@ -14,6 +14,7 @@ delivered when it has elapsed (times `time_scale`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -34,6 +35,7 @@ from specwatch.simulator.proposers import (
 from specwatch.simulator.spec_config import SpecConfig, k_for_batch
 from specwatch.simulator.spec_stats import RequestSpecStats
 
+log = logging.getLogger("specwatch.sim.engine")
 EOS = ""  # the end-of-sequence piece: counted as a completion token, never shown
 
 
@@ -165,17 +167,24 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = time.monotonic()
-            duration_ms, outputs = self._step()
-            self.modelled_ms += duration_ms
-            deadline += duration_ms / 1000 * self.cfg.time_scale
-            delay = deadline - time.monotonic()
-            await asyncio.sleep(delay if delay > 0 else 0)
-            self._deliver(outputs)
+            try:
+                duration_ms, outputs = self._step()
+                self.modelled_ms += duration_ms
+                deadline += duration_ms / 1000 * self.cfg.time_scale
+                delay = deadline - time.monotonic()
+                await asyncio.sleep(delay if delay > 0 else 0)
+                self._deliver(outputs)
+            except Exception:  # a bug must not leave clients hanging: end what is in flight, keep serving
+                log.exception("engine step failed; aborting %d in-flight requests",
+                              len(self.running) + len(self.waiting))
+                for req in [*self.running, *self.waiting]:
+                    self.abort(req)
+                    req.outputs.put_nowait(StepOutput("", 0, "abort"))
 
     def _blocks(self, tokens: int) -> int:
         return math.ceil(tokens / self.cfg.block_size)
 
-    def _step(self) -> tuple[float, list[tuple[EngineRequest, list[str], bool]]]:
+    def _step(self) -> tuple[float, list[tuple[EngineRequest, list[str]]]]:
         self.steps += 1
         used = sum(self._blocks(r.context_len() + 1 + self.k) for r in self.running)
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
@@ -200,23 +209,23 @@ class Engine:
 
         prefill = [r for r in self.running if r.needs_prefill]
         decode = [r for r in self.running if not r.needs_prefill]
-        outputs: list[tuple[EngineRequest, list[str], bool]] = []
+        outputs: list[tuple[EngineRequest, list[str]]] = []
         prefill_tokens = 0
         for req in prefill:
             prefill_tokens += req.context_len()
             req.needs_prefill = False
-            outputs.append((req, [req.target[len(req.generated)]], False))
+            outputs.append((req, [req.target[len(req.generated)]]))
         k_now = k_for_batch(self.cfg.spec, len(decode)) if self.cfg.spec and decode else 0
         verified = 0
         for req in decode:
             pieces, drafted = self._speculate(req, k_now)
             verified += 1 + drafted
-            outputs.append((req, pieces, True))
+            outputs.append((req, pieces))
         context = sum(r.context_len() for r in decode) / len(decode) if decode else 0.0
         method = self.cfg.spec.method if self.cfg.spec else None
         duration = timing.step_ms(method, len(decode), k_now, verified / len(decode) if decode else 1.0,
                                   context, prefill_tokens)
-        self.metrics.iteration_tokens.observe(prefill_tokens + sum(len(p) for _, p, _ in outputs))
+        self.metrics.iteration_tokens.observe(prefill_tokens + sum(len(p) for _, p in outputs))
         return duration, outputs
 
     def _speculate(self, req: EngineRequest, k: int) -> tuple[list[str], int]:
@@ -249,21 +258,16 @@ class Engine:
         return list(upcoming[:accepted + 1]), slots
 
     def _synthetic_accepted(self, spec: SpecConfig, slots: int) -> int:
-        rates = spec.synthetic_acceptance_rates
-        if rates is None:  # a target acceptance length: ones, the fraction, then zeros
-            length = (spec.synthetic_acceptance_length or 1.0) - 1
-            rates = tuple(min(max(length - p, 0.0), 1.0) for p in range(spec.num_speculative_tokens))
-            conditional = [1.0 if r >= 1 else r for r in rates]
-        else:
-            conditional = [rates[0], *(b / a if a else 0.0 for a, b in zip(rates, rates[1:], strict=False))]
+        """vLLM's synthetic kernel: position p is accepted iff uniform < c_p and every earlier one was."""
+        conditional = spec.synthetic_conditional_rates or ()
         accepted = 0
-        while accepted < slots and self._rng.random() < conditional[accepted]:
+        while accepted < min(slots, len(conditional)) and self._rng.random() < conditional[accepted]:
             accepted += 1
         return accepted
 
-    def _deliver(self, outputs: list[tuple[EngineRequest, list[str], bool]]) -> None:
+    def _deliver(self, outputs: list[tuple[EngineRequest, list[str]]]) -> None:
         now = time.monotonic()
-        for req, pieces, _decode in outputs:
+        for req, pieces in outputs:
             if req.finished:
                 continue
             if req.modelled_first_ms is None:
