@@ -111,14 +111,15 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def _print(report: DemoReport, console: Console, out: Path) -> None:
-    table = Table(title="Per-task acceptance (n-gram k=4, window 2-4), summed first, then divided")
-    for col in ("task", "requests", "C", "D", "R", "acceptance rate", "mean acc. length",
-                "histogram (steps accepting 0..k)", "accepted / output tokens"):
-        table.add_column(col, justify="right")
+    table = Table(title="Per-task acceptance (n-gram k=4, window 2-4), summed first, then divided",
+                  caption="C accepted, D drafted, R verify steps; C/D acceptance rate, 1+C/R mean acceptance "
+                          "length; hist: steps that accepted 0..k; share: output tokens from accepted drafts")
+    for col in ("task", "req", "C", "D", "R", "C/D", "1+C/R", "hist", "share"):
+        table.add_column(col, justify="right", no_wrap=True)
     for task, a in report.per_task.items():
         table.add_row(task, str(a.requests), str(a.accepted), str(a.drafted), str(a.steps),
                       _fmt(a.acceptance_rate), _fmt(a.mean_acceptance_length, 2),
-                      str(list(a.histogram)), _fmt(a.drafted_token_share))
+                      " ".join(map(str, a.histogram)), _fmt(a.drafted_token_share))
     console.print(table)
     bad = [c for c in report.checks if not c.equal]
     status = "all equal" if not bad else "MISMATCH: " + ", ".join(
