@@ -53,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="layers kept in a truncated draft (repeatable; default 8)")
     s.add_argument("--force", action="store_true")
 
-    sim = verbs.add_parser("sim", add_help=False, help="a vLLM 0.32.0 simulator (same argv as `vllm serve`)")
-    sim.add_argument("argv", nargs=argparse.REMAINDER, help="`vllm serve` arguments plus --sim-* knobs")
+    # listed for --help; `main` hands their arguments to their own parsers
+    verbs.add_parser("sim", add_help=False, help="a vLLM 0.32.0 simulator (same argv as `vllm serve`)")
+    verbs.add_parser("exporter", add_help=False, help="the tap: per-request acceptance by variant and task")
 
     w = verbs.add_parser("workloads", help="write the article's code.jsonl and chat.jsonl")
     w.add_argument("--out", type=Path, default=Path("data"))
@@ -95,7 +96,17 @@ def _serve(home: Home, args: argparse.Namespace) -> int:
     os.execve(command[0], command, server_environment(os.environ))
 
 
+PASSTHROUGH_VERBS = ("sim", "exporter")  # they parse their own flags (argparse REMAINDER drops leading options)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH_VERBS:
+        if argv[0] == "sim":
+            from specwatch.simulator.main import main as sim_main
+            return sim_main(argv[1:])
+        from specwatch.exporter.main import main as exporter_main
+        return exporter_main(argv[1:])
     args = _parser().parse_args(argv)
     home = resolve_home(args.home)
     try:
@@ -127,9 +138,6 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
         for layers, folder in folders.drafts.items():
             print(f"draft ({layers} layers): {folder}")
         return EXIT_OK
-    if args.verb == "sim":
-        from specwatch.simulator.main import main as sim_main
-        return sim_main(args.argv)
     if args.verb == "workloads":
         from specwatch.workloads import write_article_workloads
         for name, digest in write_article_workloads(args.out, args.lang).items():

@@ -45,26 +45,27 @@ def ngram_server(home: Home, model_folders: models.ModelFolders,
         yield server
 
 
-class SimServer:
-    """A `specwatch sim` process on a free loopback port."""
+class Service:
+    """A specwatch process (`sim`, `exporter`) on a free loopback port, healthy before it is returned."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, verb: str, args: list[str], log: Path, health: str = "/health") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        cmd = [sys.executable, "-m", "specwatch.cli", "sim", *args, "--port", str(self.port)]
+        port_args = ["--port", str(self.port)] if verb == "sim" else ["--web.listen-address", f"127.0.0.1:{self.port}"]
+        cmd = [sys.executable, "-m", "specwatch.cli", verb, *args, *port_args]
         self.proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sim exited: {log.read_text()}")
+                raise RuntimeError(f"{verb} exited: {log.read_text()}")
             try:
-                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                if requests.get(self.url + health, timeout=1).status_code == 200:
                     return
             except requests.RequestException:
                 time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"sim not healthy: {log.read_text()}")
+        raise RuntimeError(f"{verb} not healthy: {log.read_text()}")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -74,23 +75,33 @@ class SimServer:
             self.proc.kill()
 
 
+SimServer = Service
+
+
 NGRAM_SIM_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
                   "--max-num-seqs", "16", "--seed", "42", "--per-request-spec-decode-metrics", "summary",
                   "--speculative-config", json.dumps(NGRAM_CONFIG), "--sim-time-scale", "0.02"]
 
 
 @pytest.fixture(scope="session")
-def sim_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[list[str]], SimServer]]:
-    started: list[SimServer] = []
+def service_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, list[str]], Service]]:
+    """Start specwatch processes for the whole run; every one is stopped at the end."""
+    started: list[Service] = []
 
-    def start(args: list[str]) -> SimServer:
-        server = SimServer(args, tmp_path_factory.mktemp("sim") / "sim.log")
+    def start(verb: str, args: list[str]) -> Service:
+        health = "/health" if verb == "sim" else "/healthz"
+        server = Service(verb, args, tmp_path_factory.mktemp(verb) / f"{verb}.log", health)
         started.append(server)
         return server
 
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def sim_factory(service_factory: Callable[[str, list[str]], Service]) -> Callable[[list[str]], Service]:
+    return lambda args: service_factory("sim", args)
 
 
 @pytest.fixture(scope="session")

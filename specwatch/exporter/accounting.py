@@ -1,0 +1,154 @@
+"""Per-request accounting for the tap: what one response said about speculation and latency.
+
+A `RequestRecord` collects, while the response passes through, the timestamps of the
+token-carrying chunks, the usage, `metrics.speculative_decoding`, the finish reasons and a
+hash of the output text. `account()` turns a finished record into counter increments and
+an event-log line. Decode steps are derived as completion tokens - 1 - C (the first token
+comes from prefill, every decode step emits 1 + its accepted drafts), never less than R:
+exact unless max_tokens cut the last step's accepted drafts (then low by at most k).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from specwatch.acceptance import AcceptanceFieldError, spec_field
+from specwatch.exporter.metrics import ExporterMetrics
+
+MAX_K = 64
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    variant: str
+    task: str
+    path: str
+    stream: bool
+    greedy: bool
+    single: bool  # n == 1 and a single prompt: the only case that carries the per-request field
+    start: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    last_token: float | None = None
+    token_chunks: int = 0
+    usage: dict[str, Any] | None = None
+    spec: dict[str, Any] | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    output: Any = field(default_factory=hashlib.sha256)
+    outcome: str = "ok"
+    status: int | None = None
+    end: float | None = None
+    accounted: bool = False
+
+    def saw_tokens(self, text: str, now: float, metrics: ExporterMetrics) -> None:
+        """A streamed chunk carried text: record TTFT / ITL and hash the text."""
+        self.output.update(text.encode())
+        if self.first_token is None:
+            self.first_token = now
+        else:
+            metrics.itl.labels(self.variant, self.task).observe(now - (self.last_token or now))
+        self.last_token = now
+        self.token_chunks += 1
+
+    def saw_final(self, obj: dict[str, Any]) -> None:
+        """The object with usage (a JSON body or the usage chunk)."""
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        field_ = spec_field(obj)
+        if field_ is not None:
+            self.spec = dict(field_)
+
+    def saw_body(self, body: dict[str, Any]) -> None:
+        """A whole non-streaming response."""
+        self.saw_final(body)
+        for choice in body.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("finish_reason"):
+                self.finish_reasons.append(str(choice["finish_reason"]))
+            message = choice.get("message")
+            text = message.get("content") if isinstance(message, dict) else choice.get("text")
+            if isinstance(text, str):
+                self.output.update(text.encode())
+
+    def event(self) -> dict[str, Any]:
+        usage = self.usage or {}
+        spec = self.spec or {}
+        end = self.end or time.perf_counter()
+        return {
+            "ts": time.time(), "request_id": self.request_id, "variant": self.variant, "task": self.task,
+            "path": self.path, "stream": self.stream, "outcome": self.outcome, "status": self.status,
+            "ttft_s": None if self.first_token is None else self.first_token - self.start,
+            "tpot_s": self.tpot(), "e2e_s": end - self.start,
+            "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
+            "C": spec.get("num_accepted_draft_tokens"), "D": spec.get("num_draft_tokens"),
+            "R": spec.get("num_spec_steps"), "histogram": spec.get("acceptance_histogram"),
+            "finish_reasons": self.finish_reasons, "output_sha256": self.output.hexdigest(),
+        }
+
+    def tpot(self) -> float | None:
+        tokens = (self.usage or {}).get("completion_tokens")
+        if self.first_token is None or self.last_token is None or not isinstance(tokens, int) or tokens < 2:
+            return None
+        return (self.last_token - self.first_token) / (tokens - 1)
+
+
+def _int(spec: dict[str, Any], key: str) -> int:
+    value = spec.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise AcceptanceFieldError(f"speculative_decoding.{key}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
+    """Count a finished request. A malformed field makes the outcome bad_response; nothing raises."""
+    v, t = record.variant, record.task
+    record.end = record.end or time.perf_counter()
+    c = r = 0
+    if record.outcome == "ok" and record.spec is not None:
+        try:
+            hist = record.spec.get("acceptance_histogram")
+            if not isinstance(hist, list) or not 1 <= len(hist) <= MAX_K + 1 or not all(
+                    isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hist):
+                raise AcceptanceFieldError(f"acceptance_histogram: expected a short list of counts, got {hist!r}")
+            c, d, r = (_int(record.spec, k) for k in ("num_accepted_draft_tokens", "num_draft_tokens",
+                                                       "num_spec_steps"))
+        except AcceptanceFieldError:
+            record.outcome = "bad_response"
+        else:
+            metrics.ensure_positions(v, t, len(hist) - 1)
+            metrics.steps.labels(v, t).inc(r)
+            metrics.draft_tokens.labels(v, t).inc(d)
+            metrics.accepted.labels(v, t).inc(c)
+            for accepted, steps in enumerate(hist):
+                if steps:
+                    metrics.by_accepted.labels(v, t, str(accepted)).inc(steps)
+            for p in range(len(hist) - 1):
+                survivors = sum(hist[p + 1:])
+                if survivors:
+                    metrics.per_pos.labels(v, t, str(p)).inc(survivors)
+            if d > 0:
+                metrics.request_rate.labels(v, t).observe(c / d)
+    if record.outcome == "ok":
+        if record.spec is None and record.single:
+            metrics.missing.labels(v, t).inc()
+        usage = record.usage or {}
+        for key, counter in (("prompt_tokens", metrics.prompt_tokens), ("completion_tokens",
+                                                                          metrics.completion_tokens)):
+            value = usage.get(key)
+            if isinstance(value, int) and value >= 0:
+                counter.labels(v, t).inc(value)
+        completion = usage.get("completion_tokens")
+        if record.single and isinstance(completion, int) and completion > 0:
+            metrics.decode_steps.labels(v, t).inc(max(completion - 1 - c, r))
+        if record.first_token is not None:
+            metrics.ttft.labels(v, t).observe(record.first_token - record.start)
+        tpot = record.tpot()
+        if tpot is not None:
+            metrics.tpot.labels(v, t).observe(tpot)
+        metrics.e2e.labels(v, t).observe(record.end - record.start)
+    metrics.requests.labels(v, t, record.outcome).inc()

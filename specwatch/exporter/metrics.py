@@ -1,0 +1,90 @@
+"""The exporter's own families (a public contract: dashboards and rules use these names).
+
+All carry `variant` and `task` (except `specwatch_upstream_up{variant}`); counters end in
+`_total`; the registry is passed in. Children for every configured variant and task, every
+outcome and (once k is known) every position are created up front so series exist at 0.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from specwatch.exporter.config import ExporterConfig
+
+OUTCOMES = ("ok", "upstream_error", "bad_response", "client_abort", "rejected")
+# Fine enough for millisecond TPOT / ITL on a GPU and for seconds of TTFT under load.
+LATENCY_BUCKETS = (0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01, 0.0125, 0.015, 0.02,
+                   0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+                   60.0, 120.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+               300.0, 600.0)
+RATE_BUCKETS = tuple(i / 10 for i in range(1, 11))
+
+
+class ExporterMetrics:
+    def __init__(self, registry: CollectorRegistry, cfg: ExporterConfig) -> None:
+        self.registry = registry
+        vt = ("variant", "task")
+        self.requests = Counter("specwatch_requests", "Requests through the tap by outcome.", [*vt, "outcome"],
+                                registry=registry)
+        self.missing = Counter("specwatch_spec_metrics_missing",
+                               "ok responses without metrics.speculative_decoding.", vt, registry=registry)
+        self.steps = Counter("specwatch_spec_steps", "Verify steps with a draft (sum of R).", vt, registry=registry)
+        self.draft_tokens = Counter("specwatch_draft_tokens", "Draft tokens proposed (sum of D).", vt,
+                                    registry=registry)
+        self.accepted = Counter("specwatch_accepted_tokens", "Draft tokens accepted (sum of C).", vt,
+                                registry=registry)
+        self.per_pos = Counter("specwatch_accepted_tokens_per_pos",
+                               "Steps that accepted at least position+1 drafts (as vLLM's per-position counter).",
+                               [*vt, "position"], registry=registry)
+        self.by_accepted = Counter("specwatch_spec_steps_by_accepted",
+                                   "Verify steps by the number of drafts they accepted (the summed histogram).",
+                                   [*vt, "accepted"], registry=registry)
+        self.decode_steps = Counter("specwatch_decode_steps",
+                                    "Decode steps, with or without a draft: completion tokens - 1 - C, at least R.",
+                                    vt, registry=registry)
+        self.prompt_tokens = Counter("specwatch_prompt_tokens", "Prompt tokens (usage).", vt, registry=registry)
+        self.completion_tokens = Counter("specwatch_completion_tokens", "Completion tokens (usage).", vt,
+                                         registry=registry)
+        self.ttft = Histogram("specwatch_ttft_seconds", "Time to the first token-carrying chunk, at the tap.", vt,
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.tpot = Histogram("specwatch_tpot_seconds", "Per request: (last token time - first) / (tokens - 1).",
+                              vt, buckets=LATENCY_BUCKETS, registry=registry)
+        self.itl = Histogram("specwatch_itl_seconds", "Time between streamed token-carrying chunks.", vt,
+                             buckets=LATENCY_BUCKETS, registry=registry)
+        self.e2e = Histogram("specwatch_e2e_seconds", "Request start to the end of the response, at the tap.", vt,
+                             buckets=E2E_BUCKETS, registry=registry)
+        self.request_rate = Histogram("specwatch_request_acceptance_rate",
+                                      "Per-request draft acceptance rate C / D (requests with D > 0).", vt,
+                                      buckets=RATE_BUCKETS, registry=registry)
+        self.upstream_up = Gauge("specwatch_upstream_up", "1 when the upstream answered its last health probe.",
+                                 ["variant"], registry=registry)
+        self.probe_errors = Counter("specwatch_upstream_probe_errors", "Failed upstream health probes.",
+                                    ["variant"], registry=registry)
+        self.mirror_outputs = Counter("specwatch_mirror_outputs",
+                                      "Mirrored greedy requests whose output matched the primary's.",
+                                      [*vt, "result"], registry=registry)
+        self._k_seen: set[tuple[str, str, int]] = set()
+        for variant in cfg.upstreams:
+            self.upstream_up.labels(variant)
+            self.probe_errors.labels(variant)
+            for task in cfg.task_labels:
+                for outcome in OUTCOMES:
+                    self.requests.labels(variant, task, outcome)
+                for family in (self.missing, self.steps, self.draft_tokens, self.accepted, self.decode_steps,
+                               self.prompt_tokens, self.completion_tokens, self.ttft, self.tpot, self.itl, self.e2e,
+                               self.request_rate):
+                    family.labels(variant, task)
+                if variant == cfg.mirror:
+                    for result in ("identical", "different"):
+                        self.mirror_outputs.labels(variant, task, result)
+
+    def ensure_positions(self, variant: str, task: str, k: int) -> None:
+        """Pre-create position and histogram children once a variant's k is known."""
+        if (variant, task, k) in self._k_seen or k > 64:
+            return
+        self._k_seen.add((variant, task, k))
+        for p in range(k):
+            self.per_pos.labels(variant, task, str(p))
+        for a in range(k + 1):
+            self.by_accepted.labels(variant, task, str(a))

@@ -1,0 +1,297 @@
+"""The request path: forward every request unchanged, relay responses as they arrive, account them.
+
+Streams are relayed event by event with the upstream's exact bytes. When a streaming client
+did not ask for usage, the tap asks the upstream for it (`stream_options.include_usage`),
+reads the usage chunk and removes it, and stamps the `system_fingerprint` vLLM would have
+put on the terminal chunks, so the client receives what it asked for. Faults never escape:
+an unreachable upstream becomes a 502 with an OpenAI-style error, a malformed answer is
+relayed and counted `bad_response`, a client that leaves cancels the upstream request.
+Headers pass through untouched (minus hop-by-hop and the tap's own) and are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from specwatch.exporter.accounting import RequestRecord, account
+from specwatch.exporter.classify import TASK_HEADER, classify
+from specwatch.exporter.config import ExporterConfig
+from specwatch.exporter.eventlog import EventLog
+from specwatch.exporter.metrics import ExporterMetrics
+from specwatch.exporter.routing import VARIANT_HEADER, Router
+from specwatch.exporter.sse import Event, SseSplitter
+
+log = logging.getLogger("specwatch.exporter")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
+                        "proxy-connection", "te", "trailer", "upgrade", "accept-encoding", "content-encoding",
+                        TASK_HEADER, VARIANT_HEADER})
+MAX_BUFFERED_BODY = 32 * 1024 * 1024
+MAX_MIRRORS_IN_FLIGHT = 64
+
+
+class _ClientGone(Exception):
+    """The client closed the connection while the response was being relayed."""
+
+
+def error_response(status: int, message: str, err_type: str) -> web.Response:
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
+
+
+def _forward_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+@dataclass
+class _Plan:
+    """What to send upstream and how to treat the answer."""
+
+    body: bytes
+    parsed: dict[str, Any] | None
+    stream: bool
+    strip_usage: bool  # the tap added include_usage: remove the usage chunk before the client sees it
+
+
+def plan_request(path: str, raw: bytes, content_type: str) -> _Plan:
+    parsed: dict[str, Any] | None = None
+    if path in GENERATION_PATHS and "json" in content_type:
+        try:
+            value = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError):
+            value = None
+        parsed = value if isinstance(value, dict) else None
+    if parsed is None:
+        return _Plan(raw, None, False, False)
+    stream = parsed.get("stream") is True
+    options = parsed.get("stream_options")
+    if stream and not (isinstance(options, dict) and options.get("include_usage") is True):
+        patched = dict(parsed)
+        patched["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        return _Plan(json.dumps(patched).encode(), parsed, True, True)
+    return _Plan(raw, parsed, stream, False)
+
+
+def _stamp_fingerprint(raw: bytes, fingerprint: str) -> bytes:
+    """Insert `"system_fingerprint": ...` as the last key of the event's JSON object, as vLLM serialises it."""
+    end = raw.rfind(b"}")
+    return raw[:end] + b',"system_fingerprint":' + json.dumps(fingerprint).encode() + raw[end:]
+
+
+class Tap:
+    def __init__(self, cfg: ExporterConfig, metrics: ExporterMetrics, router: Router,
+                 event_log: EventLog | None = None) -> None:
+        self.cfg, self.metrics, self.router, self.event_log = cfg, metrics, router, event_log
+        self.session: aiohttp.ClientSession | None = None
+        self._mirrors = asyncio.Semaphore(MAX_MIRRORS_IN_FLIGHT)
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.cfg.upstream_timeout_seconds, sock_connect=5)
+        self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
+                                             connector=aiohttp.TCPConnector(limit=0))
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        if self.session is not None:
+            await self.session.close()
+
+    # -- the handler ---------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            task = classify(self.cfg, request.path, request.headers, None)
+            self.metrics.requests.labels(self.router.route(request.headers), task, "rejected").inc()
+            return error_response(413, f"request body larger than {self.cfg.max_body_bytes} bytes",
+                                  "RequestEntityTooLarge")
+        plan = plan_request(request.path, raw, request.content_type)
+        task = classify(self.cfg, request.path, request.headers, plan.parsed)
+        variant = self.router.route(request.headers)
+        record = self._record(request, plan, variant, task)
+        if (self.cfg.mirror and variant == self.cfg.default_variant and plan.parsed is not None
+                and request.method == "POST"):
+            self._start_mirror(request, plan, task, record)
+        try:
+            return await self._exchange(request, plan, record, request)
+        finally:
+            self._finish(record)
+
+    def _record(self, request: web.Request, plan: _Plan, variant: str, task: str) -> RequestRecord:
+        parsed = plan.parsed or {}
+        prompt = parsed.get("prompt")
+        single = parsed.get("n", 1) in (1, None) and not (isinstance(prompt, list) and len(prompt) > 1
+                                                         and not isinstance(prompt[0], int))
+        return RequestRecord(
+            request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8), variant=variant, task=task,
+            path=request.path, stream=plan.stream, greedy=parsed.get("temperature") == 0,
+            single=plan.parsed is not None and single)
+
+    def _finish(self, record: RequestRecord) -> None:
+        if record.accounted or record.path not in GENERATION_PATHS:
+            return  # counted already; or models, tokenize, ...: forwarded, not accounted
+        record.accounted = True
+        account(record, self.metrics)
+        if self.event_log is not None:
+            try:
+                self.event_log.write(record.event())
+            except OSError:
+                log.exception("event log write failed")
+
+    async def _exchange(self, request: web.Request, plan: _Plan, record: RequestRecord,
+                        client: web.Request | None) -> web.StreamResponse:
+        """Send the request to the record's variant; relay to `client` (None: a mirror, discard)."""
+        assert self.session is not None
+        url = self.cfg.upstreams[record.variant] + request.path_qs
+        try:
+            async with self.session.request(request.method, url, data=plan.body,
+                                            headers=_forward_headers(request.headers)) as upstream:
+                record.status = upstream.status
+                if upstream.status >= 500:
+                    record.outcome = "upstream_error"
+                elif upstream.status >= 400:
+                    record.outcome = "rejected"
+                return await self._relay(upstream, plan, record, client)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            record.outcome = "upstream_error"
+            return error_response(502, f"upstream {record.variant} failed: {type(exc).__name__}", "BadGateway")
+        except asyncio.CancelledError:
+            record.outcome = "client_abort"
+            raise
+
+    async def _relay(self, upstream: aiohttp.ClientResponse, plan: _Plan, record: RequestRecord,
+                     client: web.Request | None) -> web.StreamResponse:
+        headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP)
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        if client is not None:
+            await response.prepare(client)
+
+        async def send(data: bytes) -> None:
+            if client is None:
+                return
+            try:
+                await response.write(data)
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                raise _ClientGone() from None
+
+        try:
+            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+                await self._relay_sse(upstream, plan, record, send)
+            else:
+                await self._relay_body(upstream, record, send)
+            self._finish(record)  # before the last bytes: a client that has its answer sees it counted
+            if client is not None:
+                await response.write_eof()
+        except _ClientGone:
+            record.outcome = "client_abort"  # leaving the upstream context below cancels its request
+        except (TimeoutError, aiohttp.ClientError):
+            record.outcome = "upstream_error"  # the upstream broke off mid-response; the client sees the cut
+        return response
+
+    async def _relay_body(self, upstream: aiohttp.ClientResponse, record: RequestRecord, send: Any) -> None:
+        body = bytearray()
+        async for chunk in upstream.content.iter_any():
+            await send(chunk)
+            if len(body) < MAX_BUFFERED_BODY:
+                body += chunk
+        if record.path in GENERATION_PATHS and upstream.status == 200:
+            try:
+                parsed = json.loads(bytes(body))
+                if not isinstance(parsed, dict):
+                    raise ValueError("not an object")
+                record.saw_body(parsed)
+            except (ValueError, UnicodeDecodeError):
+                record.outcome = "bad_response"
+
+    async def _relay_sse(self, upstream: aiohttp.ClientResponse, plan: _Plan, record: RequestRecord,
+                         send: Any) -> None:
+        splitter = SseSplitter()
+        held: list[Event] = []  # terminal chunks waiting for the fingerprint of the stripped usage chunk
+        fingerprint: str | None = None
+        saw_done = False
+
+        async def handle(event: Event) -> None:
+            nonlocal fingerprint, saw_done
+            obj = event.json()
+            if isinstance(obj, dict):
+                choices = obj.get("choices")
+                if choices == [] and "usage" in obj:
+                    record.saw_final(obj)
+                    if plan.strip_usage:
+                        fingerprint = obj.get("system_fingerprint")
+                        return
+                elif isinstance(choices, list):
+                    now = time.perf_counter()
+                    terminal = False
+                    for choice in choices:
+                        if not isinstance(choice, dict):
+                            continue
+                        delta = choice.get("delta")
+                        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                        if isinstance(text, str) and text:
+                            record.saw_tokens(text, now, self.metrics)
+                        if choice.get("finish_reason"):
+                            record.finish_reasons.append(str(choice["finish_reason"]))
+                            terminal = True
+                    if terminal and plan.strip_usage and "system_fingerprint" not in obj:
+                        held.append(event)
+                        return
+            elif event.data == b"[DONE]":
+                saw_done = True
+                for h in held:
+                    await send(_stamp_fingerprint(h.raw, fingerprint) if fingerprint else h.raw)
+                held.clear()
+            elif event.data is not None:
+                record.outcome = "bad_response"  # not JSON: relayed as is, counted
+            await send(event.raw)
+
+        async for chunk in upstream.content.iter_any():
+            for event in splitter.feed(chunk):
+                await handle(event)
+        for event in splitter.flush():
+            await handle(event)
+        for h in held:  # a stream that ended without [DONE]
+            await send(h.raw)
+        if not saw_done and record.outcome == "ok" and upstream.status == 200:
+            record.outcome = "bad_response"
+
+    # -- mirror ---------------------------------------------------------------------------
+    def _start_mirror(self, request: web.Request, plan: _Plan, task: str, primary: RequestRecord) -> None:
+        mirror = self.cfg.mirror
+        assert mirror is not None
+        record = RequestRecord(request_id=primary.request_id, variant=mirror, task=task, path=request.path,
+                               stream=plan.stream, greedy=primary.greedy, single=primary.single)
+        if self._mirrors.locked():  # bounded: a copy that cannot be afforded is counted, not queued
+            record.outcome = "rejected"
+            self._finish(record)
+            return
+
+        async def run() -> None:
+            async with self._mirrors:
+                try:
+                    await self._exchange(request, plan, record, None)
+                except Exception:  # noqa: BLE001 - a mirror's failure is accounted, never surfaced
+                    if record.outcome == "ok":
+                        record.outcome = "upstream_error"
+                finally:
+                    self._finish(record)
+                while primary.end is None:
+                    await asyncio.sleep(0.01)
+                if record.greedy and record.outcome == "ok" and primary.outcome == "ok":
+                    same = record.output.hexdigest() == primary.output.hexdigest()
+                    self.metrics.mirror_outputs.labels(mirror, task, "identical" if same else "different").inc()
+
+        task_ = asyncio.create_task(run())
+        self._background.add(task_)
+        task_.add_done_callback(self._background.discard)

@@ -1,0 +1,258 @@
+"""The exporter over real HTTP in front of simulators: exact accounting, byte-identical relay, faults."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwatch.chat_client import fetch_metrics
+from specwatch.net import free_port
+from specwatch.vllm_metrics import spec_decode_counters
+from specwatch.workloads import article_rows
+from tests.capture_checks import sse_events
+from tests.conftest import NGRAM_SIM_ARGS, Service
+
+Factory = Callable[[str, list[str]], Service]
+
+
+def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    out = {}
+    for fam in text_string_to_metric_families(fetch_metrics(url)):
+        for s in fam.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def value(url: str, name: str, **labels: str) -> float:
+    return sum(v for k, v in samples(url, name).items() if all((lk, lv) in k for lk, lv in labels.items()))
+
+
+@pytest.fixture(scope="module")
+def upstream(sim_factory: Callable[[list[str]], Service]) -> Service:
+    return sim_factory(NGRAM_SIM_ARGS)
+
+
+@pytest.fixture(scope="module")
+def event_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("events") / "events.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tap(service_factory: Factory, upstream: Service, event_log: Path) -> Service:
+    return service_factory("exporter", ["--upstream", f"baseline={upstream.url}", "--event-log", str(event_log)])
+
+
+def chat(url: str, prompt: str, task: str | None = None, max_tokens: int = 48, stream: bool = False,
+         usage: bool = False, **extra: object) -> requests.Response:
+    body: dict[str, object] = {"model": "spec-demo", "messages": [{"role": "user", "content": prompt}],
+                               "temperature": 0, "max_tokens": max_tokens, **extra}
+    if stream:
+        body["stream"] = True
+        if usage:
+            body["stream_options"] = {"include_usage": True}
+    headers = {"X-Specwatch-Task": task} if task else {}
+    r = requests.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def spec_of(r: requests.Response) -> dict:
+    if r.headers["content-type"].startswith("text/event-stream"):
+        events = [e for e in sse_events(r.content) if e != "[DONE]"]
+        return dict(events[-1]["metrics"]["speculative_decoding"])
+    return dict(r.json()["metrics"]["speculative_decoding"])
+
+
+def test_counters_by_task_equal_what_clients_received_and_the_upstreams_deltas(tap, upstream):
+    before_tap = {n: samples(tap.url, n) for n in ("specwatch_spec_steps_total", "specwatch_accepted_tokens_total")}
+    before_up = spec_decode_counters(fetch_metrics(upstream.url))
+    received: dict[str, list[dict]] = {"code": [], "chat": []}
+    for task in ("code", "chat"):
+        for i, row in enumerate(article_rows(task)[:3]):
+            # with the header, and without it (the default rules classify the article's prompts)
+            r = chat(tap.url, row.prompt, task if i % 2 else None, stream=i == 2, usage=i == 2)
+            received[task].append(spec_of(r))
+    delta_up = spec_decode_counters(fetch_metrics(upstream.url)).minus(before_up)
+    for task, fields in received.items():
+        labels = {"variant": "baseline", "task": task}
+        assert value(tap.url, "specwatch_spec_steps_total", **labels) - sum(
+            v for k, v in before_tap["specwatch_spec_steps_total"].items() if ("task", task) in k) == sum(
+            f["num_spec_steps"] for f in fields)
+        assert value(tap.url, "specwatch_accepted_tokens_total", **labels) - sum(
+            v for k, v in before_tap["specwatch_accepted_tokens_total"].items() if ("task", task) in k) == sum(
+            f["num_accepted_draft_tokens"] for f in fields)
+    every = received["code"] + received["chat"]
+    assert delta_up.drafts == sum(f["num_spec_steps"] for f in every)
+    assert delta_up.accepted == sum(f["num_accepted_draft_tokens"] for f in every)
+    for p in range(4):
+        assert delta_up.per_position[p] == sum(sum(f["acceptance_histogram"][p + 1:]) for f in every)
+    # the per-position family follows vLLM's definition
+    code_pos0 = value(tap.url, "specwatch_accepted_tokens_per_pos_total", task="code", position="0")
+    assert code_pos0 >= sum(sum(f["acceptance_histogram"][1:]) for f in received["code"])
+
+
+def _normalise(raw: bytes) -> bytes:
+    return re.sub(rb'"created":\d+', b'"created":0', raw)
+
+
+@pytest.mark.parametrize("usage", [True, False])
+def test_streamed_bytes_equal_the_upstreams_and_usage_injection_is_invisible(tap, upstream, usage):
+    prompt = article_rows("code")[4].prompt
+    body = {"model": "spec-demo", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": 40, "stream": True}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    rid = {"X-Request-Id": uuid.uuid4().hex}
+    direct = requests.post(upstream.url + "/v1/chat/completions", json=body, headers=rid, timeout=60).content
+    tapped = requests.post(tap.url + "/v1/chat/completions", json=body, headers=rid, timeout=60).content
+    assert _normalise(tapped) == _normalise(direct)
+    has_usage_chunk = any(e != "[DONE]" and e["choices"] == [] for e in sse_events(tapped))
+    assert has_usage_chunk is usage
+
+
+def test_tap_counts_streams_whose_client_did_not_ask_for_usage(tap, upstream):
+    before = value(tap.url, "specwatch_spec_steps_total", task="code")
+    before_up = spec_decode_counters(fetch_metrics(upstream.url))
+    chat(tap.url, article_rows("code")[6].prompt, "code", stream=True, usage=False)
+    assert value(tap.url, "specwatch_spec_steps_total", task="code") - before == \
+        spec_decode_counters(fetch_metrics(upstream.url)).minus(before_up).drafts > 0
+
+
+def test_random_task_headers_cannot_grow_the_series(tap, upstream):
+    before = len(samples(tap.url, "specwatch_requests_total"))
+    others = value(tap.url, "specwatch_requests_total", task="other")
+    for _ in range(20):
+        chat(tap.url, "hello", task=uuid.uuid4().hex, max_tokens=2)
+    assert len(samples(tap.url, "specwatch_requests_total")) == before
+    assert value(tap.url, "specwatch_requests_total", task="other") == others + 20
+
+
+def test_oversized_body_is_refused_with_413(tap):
+    r = requests.post(tap.url + "/v1/chat/completions", data=b"x" * (17 * 1024 * 1024),
+                      headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+    assert value(tap.url, "specwatch_requests_total", outcome="rejected") >= 1
+
+
+def test_other_paths_pass_through(tap, upstream):
+    assert requests.get(tap.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "spec-demo"
+    assert requests.get(tap.url + "/version", timeout=10).json() == {"version": "0.32.0"}
+
+
+def test_event_log_has_one_line_per_request(tap, event_log):
+    before = len(event_log.read_text().splitlines())
+    r = chat(tap.url, article_rows("code")[9].prompt, "code")
+    lines = [json.loads(line) for line in event_log.read_text().splitlines()]
+    assert len(lines) == before + 1
+    last = lines[-1]
+    spec = spec_of(r)
+    assert (last["task"], last["variant"], last["outcome"]) == ("code", "baseline", "ok")
+    assert (last["C"], last["D"], last["R"]) == (spec["num_accepted_draft_tokens"], spec["num_draft_tokens"],
+                                                 spec["num_spec_steps"])
+    assert last["finish_reasons"] == [r.json()["choices"][0]["finish_reason"]]
+
+
+def test_upstream_down_gives_502_and_upstream_up_drops(service_factory):
+    dead = f"http://127.0.0.1:{free_port()}"
+    tap = service_factory("exporter", ["--upstream", f"baseline={dead}"])
+    r = requests.post(tap.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                      timeout=30)
+    assert r.status_code == 502 and r.json()["error"]["code"] == 502
+    assert value(tap.url, "specwatch_requests_total", outcome="upstream_error") == 1
+    assert value(tap.url, "specwatch_upstream_up", variant="baseline") == 0
+
+
+def test_malformed_upstream_answers_are_relayed_and_counted(service_factory, tmp_path):
+    port = free_port()
+    broken = subprocess.Popen([sys.executable, str(Path(__file__).with_name("broken_upstream.py")), str(port)])
+    try:
+        for _ in range(100):
+            try:
+                requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except requests.RequestException:
+                time.sleep(0.1)
+        tap = service_factory("exporter", ["--upstream", f"baseline=http://127.0.0.1:{port}"])
+        plain = requests.post(tap.url + "/v1/chat/completions", json={"messages": []}, timeout=10)
+        assert plain.status_code == 200 and plain.content == b'{"id": "x", "choices": ['
+        streamed = requests.post(tap.url + "/v1/chat/completions", json={"messages": [], "stream": True},
+                                 timeout=10)
+        assert b"data: {this is not json\n\n" in streamed.content
+        assert value(tap.url, "specwatch_requests_total", outcome="bad_response") == 2
+        assert requests.get(tap.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        broken.terminate()
+        broken.wait(10)
+
+
+def test_client_disconnect_mid_stream_cancels_upstream(tap, upstream):
+    aborted_before = value(upstream.url, "vllm:request_success_total", finished_reason="abort")
+    body = json.dumps({"model": "spec-demo", "messages": [{"role": "user", "content": article_rows("chat")[0].prompt}],
+                       "max_tokens": 3000, "ignore_eos": True, "stream": True}).encode()
+    host, port = tap.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while b"data:" not in received:
+            received += s.recv(4096)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and value(tap.url, "specwatch_requests_total", outcome="client_abort") < 1:
+        time.sleep(0.1)
+    assert value(tap.url, "specwatch_requests_total", outcome="client_abort") >= 1
+    while time.monotonic() < deadline and value(upstream.url, "vllm:request_success_total",
+                                                 finished_reason="abort") <= aborted_before:
+        time.sleep(0.1)
+    assert value(upstream.url, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1
+
+
+def test_split_is_sticky_and_a_variant_can_be_pinned(service_factory, upstream, sim_factory):
+    candidate = sim_factory(NGRAM_SIM_ARGS)
+    tap = service_factory("exporter", ["--upstream", f"baseline={upstream.url}", "--upstream",
+                                       f"candidate={candidate.url}", "--split", "candidate=50",
+                                       "--sticky-header", "X-Session"])
+    def variant_counts() -> dict[str, float]:
+        return {v: value(tap.url, "specwatch_requests_total", variant=v) for v in ("baseline", "candidate")}
+
+    for session in ("alpha", "beta", "gamma", "delta"):
+        before = variant_counts()
+        for _ in range(3):
+            requests.post(tap.url + "/v1/chat/completions", headers={"X-Session": session},
+                          json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}, timeout=30)
+        after = variant_counts()
+        assert sorted(after[v] - before[v] for v in after) == [0, 3]  # one session, one route
+    before = variant_counts()
+    for _ in range(4):
+        requests.post(tap.url + "/v1/chat/completions", headers={"X-Specwatch-Variant": "candidate"},
+                      json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}, timeout=30)
+    assert variant_counts()["candidate"] - before["candidate"] == 4
+
+
+def test_mirror_accounts_both_and_compares_greedy_outputs(service_factory, upstream, sim_factory):
+    eagle3 = json.dumps({"method": "eagle3", "model": "x/eagle3", "num_speculative_tokens": 3})
+    at = NGRAM_SIM_ARGS.index("--speculative-config") + 1
+    candidate = sim_factory([*NGRAM_SIM_ARGS[:at], eagle3, *NGRAM_SIM_ARGS[at + 1:]])
+    tap = service_factory("exporter", ["--upstream", f"baseline={upstream.url}", "--upstream",
+                                       f"candidate={candidate.url}", "--mirror", "candidate"])
+    for row in article_rows("code")[:3]:
+        chat(tap.url, row.prompt, "code", max_tokens=32)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and value(tap.url, "specwatch_mirror_outputs_total") < 3:
+        time.sleep(0.1)
+    assert value(tap.url, "specwatch_requests_total", variant="candidate", outcome="ok") == 3
+    assert value(tap.url, "specwatch_requests_total", variant="baseline", outcome="ok") == 3
+    # greedy decoding: speculation must not change the text
+    assert value(tap.url, "specwatch_mirror_outputs_total", result="identical") == 3
+    assert value(tap.url, "specwatch_spec_steps_total", variant="candidate") > 0
