@@ -112,3 +112,37 @@ def test_reconcile_flags_a_mismatch(ngram_server):
     delta = spec_decode_counters(fetch_metrics(url)).minus(before)
     checks = reconcile(total(r.body for r in seen), delta)
     assert any(not c.equal for c in checks)
+
+
+def test_exporter_in_front_of_the_real_server_counts_exactly(ngram_server, service_factory):
+    """Per task: the tap's counters equal the fields clients received; in total: the server's deltas."""
+    tap = service_factory("exporter", ["--upstream", f"baseline={ngram_server.url}"])
+    before = spec_decode_counters(fetch_metrics(ngram_server.url))
+    received: dict[str, list[dict]] = {"code": [], "chat": []}
+    for task in ("code", "chat"):
+        for row in article_rows(task)[:2]:
+            r = requests.post(tap.url + "/v1/chat/completions", json=chat_body(row, 40), timeout=300,
+                              headers={"X-Specwatch-Task": task})
+            received[task].append(r.json()["metrics"]["speculative_decoding"])
+    for task, fields in received.items():
+        for family, key in (("specwatch_accepted_tokens_total", "num_accepted_draft_tokens"),
+                            ("specwatch_draft_tokens_total", "num_draft_tokens"),
+                            ("specwatch_spec_steps_total", "num_spec_steps")):
+            assert _tap_sum(tap.url, family, task=task) == sum(f[key] for f in fields), (task, family)
+    for task in ("code", "chat"):  # streams without usage: the clients get none, the tap still counts them
+        stream = requests.post(tap.url + "/v1/chat/completions", timeout=300, headers={"X-Specwatch-Task": task},
+                               json={**chat_body(article_rows(task)[2], 24), "stream": True})
+        assert all(e == "[DONE]" or e["choices"] for e in sse_events(stream.content))
+    delta = spec_decode_counters(fetch_metrics(ngram_server.url)).minus(before)
+    assert _tap_sum(tap.url, "specwatch_spec_steps_total") == delta.drafts
+    assert _tap_sum(tap.url, "specwatch_draft_tokens_total") == delta.draft_tokens
+    assert _tap_sum(tap.url, "specwatch_accepted_tokens_total") == delta.accepted
+    for p in range(4):
+        assert _tap_sum(tap.url, "specwatch_accepted_tokens_per_pos_total", position=str(p)) == delta.per_position[p]
+    assert _tap_sum(tap.url, "specwatch_requests_total", outcome="ok") == 6
+    assert _tap_sum(tap.url, "specwatch_spec_metrics_missing_total") == 0
+
+
+def _tap_sum(url: str, name: str, **labels: str) -> float:
+    return sum(s.value for fam in text_string_to_metric_families(fetch_metrics(url)) for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))

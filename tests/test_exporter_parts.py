@@ -1,0 +1,116 @@
+"""The exporter's parts in isolation: configuration, classification, routing, SSE splitting, event log."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from specwatch.exporter.classify import classify
+from specwatch.exporter.config import ConfigError, load
+from specwatch.exporter.eventlog import EventLog
+from specwatch.exporter.routing import Router
+from specwatch.exporter.sse import SseSplitter
+from specwatch.exporter.tap import _stamp_fingerprint, plan_request
+from specwatch.workloads import article_prompt
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "exporter.yaml"
+
+
+def test_the_example_file_loads_and_flags_win():
+    cfg = load({"upstream": ["baseline=http://127.0.0.1:9000"], "listen": "127.0.0.1:9555"}, EXAMPLE)
+    assert cfg.upstreams == {"baseline": "http://127.0.0.1:9000", "candidate": "http://127.0.0.1:8001"}
+    assert cfg.split == {"candidate": 10.0} and cfg.sticky_header == "X-Session-Id"
+    assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 9555)
+    assert cfg.task_labels == ("code", "chat", "other")
+
+
+@pytest.mark.parametrize("flags,match", [
+    ({}, "no upstream"),
+    ({"upstream": ["baseline"]}, "expected NAME=VALUE"),
+    ({"upstream": ["Base Line=http://x"]}, "upstream name"),
+    ({"upstream": ["baseline=ftp://x"]}, "expected an http"),
+    ({"upstream": ["baseline=http://x"], "split": ["candidate=10"]}, "no such upstream"),
+    ({"upstream": ["baseline=http://x", "candidate=http://y"], "split": ["candidate=150"]}, "0..100"),
+    ({"upstream": ["baseline=http://x"], "mirror": "baseline"}, "must differ"),
+    ({"upstream": ["baseline=http://x"], "listen": "nowhere"}, "HOST:PORT"),
+])
+def test_bad_settings_are_named(flags, match):
+    with pytest.raises(ConfigError, match=match):
+        load(flags, None)
+
+
+def test_bad_yaml_rule_is_named(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("upstreams: {baseline: 'http://x'}\nrules: [{task: code, colour: red}]\n")
+    with pytest.raises(ConfigError, match=r"rules\[0\]: unknown keys \['colour'\]"):
+        load({}, f)
+
+
+def test_classification_header_rules_and_other():
+    cfg = load({"upstream": ["baseline=http://x"]}, None)
+    code = {"messages": [{"role": "user", "content": article_prompt("code", 0)}]}
+    chat = {"messages": [{"role": "user", "content": article_prompt("chat", 0)}]}
+    assert classify(cfg, "/v1/chat/completions", {}, code) == "code"
+    assert classify(cfg, "/v1/chat/completions", {}, chat) == "chat"
+    assert classify(cfg, "/v1/chat/completions", {"x-specwatch-task": "chat"}, code) == "chat"
+    assert classify(cfg, "/v1/chat/completions", {"x-specwatch-task": "'; DROP"}, code) == "other"
+    assert classify(cfg, "/v1/completions", {}, {"prompt": "def f():\n  pass"}) == "code"
+
+
+def test_yaml_rules_match_on_path_model_and_header(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("upstreams: {baseline: 'http://x'}\ntasks: [code, chat, rag]\nrules:\n"
+                 "  - {task: rag, header: X-App, header_regex: '^search'}\n"
+                 "  - {task: code, model: coder}\n  - {task: chat, path: /v1/chat/completions}\n")
+    cfg = load({}, f)
+    assert classify(cfg, "/v1/chat/completions", {"x-app": "search-ui"}, {"model": "m"}) == "rag"
+    assert classify(cfg, "/v1/completions", {}, {"model": "coder"}) == "code"
+    assert classify(cfg, "/v1/chat/completions", {}, {"model": "m"}) == "chat"
+    assert classify(cfg, "/v1/completions", {}, {"model": "m"}) == "other"
+
+
+def test_split_shares_and_stickiness():
+    cfg = load({"upstream": ["baseline=http://x", "candidate=http://y"], "split": ["candidate=20"],
+                "sticky_header": "X-S"}, None)
+    router = Router(cfg, random.Random(7))
+    picks = [router.route({}) for _ in range(5000)]
+    assert 0.17 < picks.count("candidate") / len(picks) < 0.23
+    assert len({router.route({"x-s": "user-42"}) for _ in range(50)}) == 1
+    assert router.route({"x-specwatch-variant": "candidate"}) == "candidate"
+    assert router.route({"x-specwatch-variant": "nope"}) in ("baseline", "candidate")
+    router.weights["candidate"] = 0
+    assert {router.route({}) for _ in range(200)} == {"baseline"}
+
+
+def test_sse_splitter_keeps_every_byte_across_arbitrary_chunking():
+    stream = (b'data: {"a":1}\n\n' b": keep-alive\n\n" b'data: {"b":2}\r\n\r\n' b"data: [DONE]\n\n")
+    for cut in range(1, len(stream)):
+        splitter = SseSplitter()
+        events = [*splitter.feed(stream[:cut]), *splitter.feed(stream[cut:]), *splitter.flush()]
+        assert b"".join(e.raw for e in events) == stream
+        assert [e.json() for e in events] == [{"a": 1}, None, {"b": 2}, None]
+        assert events[1].data is None and events[3].data == b"[DONE]"
+
+
+def test_usage_is_requested_only_when_the_client_did_not():
+    plain = json.dumps({"stream": True, "messages": []}).encode()
+    planned = plan_request("/v1/chat/completions", plain, "application/json")
+    assert planned.strip_usage and json.loads(planned.body)["stream_options"] == {"include_usage": True}
+    asked = json.dumps({"stream": True, "stream_options": {"include_usage": True}}).encode()
+    assert plan_request("/v1/chat/completions", asked, "application/json").body == asked
+    assert plan_request("/v1/models", plain, "application/json").parsed is None
+    assert _stamp_fingerprint(b'data: {"a":1}\n\n', "fp") == b'data: {"a":1,"system_fingerprint":"fp"}\n\n'
+
+
+def test_event_log_rotates_and_stays_bounded(tmp_path):
+    log = EventLog(tmp_path / "events.jsonl", max_bytes=2000)
+    for i in range(200):
+        log.write({"i": i, "pad": "x" * 20})
+    log.close()
+    current, previous = tmp_path / "events.jsonl", tmp_path / "events.jsonl.1"
+    assert current.stat().st_size + previous.stat().st_size <= 2000
+    last = [json.loads(line)["i"] for line in current.read_text().splitlines()]
+    assert last[-1] == 199
