@@ -256,3 +256,15 @@ def test_mirror_accounts_both_and_compares_greedy_outputs(service_factory, upstr
     # greedy decoding: speculation must not change the text
     assert value(tap.url, "specwatch_mirror_outputs_total", result="identical") == 3
     assert value(tap.url, "specwatch_spec_steps_total", variant="candidate") > 0
+
+
+def test_a_server_that_forces_usage_keeps_its_usage_chunk_through_the_tap(service_factory, sim_factory):
+    forced = sim_factory([*NGRAM_SIM_ARGS, "--enable-force-include-usage"])
+    tap = service_factory("exporter", ["--upstream", f"baseline={forced.url}"])
+    body = {"messages": [{"role": "user", "content": article_rows("code")[1].prompt}], "temperature": 0,
+            "max_tokens": 24, "stream": True}
+    rid = {"X-Request-Id": uuid.uuid4().hex}
+    direct = requests.post(forced.url + "/v1/chat/completions", json=body, headers=rid, timeout=60).content
+    tapped = requests.post(tap.url + "/v1/chat/completions", json=body, headers=rid, timeout=60).content
+    assert _normalise(tapped) == _normalise(direct)
+    assert value(tap.url, "specwatch_spec_steps_total", task="code") > 0

@@ -220,18 +220,20 @@ class Tap:
         held: list[Event] = []  # terminal chunks waiting for the fingerprint of the stripped usage chunk
         fingerprint: str | None = None
         saw_done = False
+        forced = False  # usage on content chunks: the server forces usage, the client gets it anyway
 
         async def handle(event: Event) -> None:
-            nonlocal fingerprint, saw_done
+            nonlocal fingerprint, saw_done, forced
             obj = event.json()
             if isinstance(obj, dict):
                 choices = obj.get("choices")
                 if choices == [] and "usage" in obj:
                     record.saw_final(obj)
-                    if plan.strip_usage:
+                    if plan.strip_usage and not forced:
                         fingerprint = obj.get("system_fingerprint")
                         return
                 elif isinstance(choices, list):
+                    forced = forced or "usage" in obj
                     now = time.perf_counter()
                     terminal = False
                     for choice in choices:
@@ -244,7 +246,7 @@ class Tap:
                         if choice.get("finish_reason"):
                             record.finish_reasons.append(str(choice["finish_reason"]))
                             terminal = True
-                    if terminal and plan.strip_usage and "system_fingerprint" not in obj:
+                    if terminal and plan.strip_usage and not forced and "system_fingerprint" not in obj:
                         held.append(event)
                         return
             elif event.data == b"[DONE]":
