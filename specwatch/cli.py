@@ -57,6 +57,17 @@ def _parser() -> argparse.ArgumentParser:
     verbs.add_parser("sim", add_help=False, help="a vLLM 0.32.0 simulator (same argv as `vllm serve`)")
     verbs.add_parser("exporter", add_help=False, help="the tap: per-request acceptance by variant and task")
 
+    lo = verbs.add_parser("load", help="Locust headless at fixed concurrency with task-labelled workloads")
+    lo.add_argument("--target", required=True, help="base URL: the exporter, or a server directly")
+    lo.add_argument("--concurrency", type=int, default=8)
+    lo.add_argument("--requests", type=int, default=64, help="measured requests per task")
+    lo.add_argument("--warmup", type=int, default=4, help="warm-up requests per task (not measured)")
+    lo.add_argument("--task", action="append", required=True, metavar="TASK=PATH.jsonl")
+    lo.add_argument("--ignore-eos", action="store_true", help="fixed work per request (performance runs)")
+    lo.add_argument("--max-tokens", type=int, default=0, help="override every row's output_tokens")
+    lo.add_argument("--max-seconds", type=int, default=3600, help="stop anyway after this long")
+    lo.add_argument("--out", type=Path, required=True)
+
     w = verbs.add_parser("workloads", help="write the article's code.jsonl and chat.jsonl")
     w.add_argument("--out", type=Path, default=Path("data"))
     w.add_argument("--lang", choices=["en", "zh"], default="en",
@@ -138,6 +149,23 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
         for layers, folder in folders.drafts.items():
             print(f"draft ({layers} layers): {folder}")
         return EXIT_OK
+    if args.verb == "load":
+        from specwatch.load.run import LoadConfig
+        from specwatch.load.run import run as run_load
+        workloads: dict[str, Path] = {}
+        for item in args.task:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                print(f"specwatch load: --task {item!r}: expected TASK=PATH.jsonl", file=sys.stderr)
+                return EXIT_USAGE
+            workloads[name] = Path(path)
+        if args.concurrency < 1 or args.requests < 1 or args.warmup < 0:
+            print("specwatch load: --concurrency and --requests must be positive", file=sys.stderr)
+            return EXIT_USAGE
+        summary = run_load(LoadConfig(args.target, args.concurrency, args.requests, workloads, args.out,
+                                      args.warmup, args.ignore_eos, args.max_tokens, args.max_seconds))
+        failures = sum(t["failures"] for t in summary["tasks"].values())
+        return EXIT_OK if failures == 0 and summary["locust_exit_code"] == 0 else EXIT_CHECK
     if args.verb == "workloads":
         from specwatch.workloads import write_article_workloads
         for name, digest in write_article_workloads(args.out, args.lang).items():

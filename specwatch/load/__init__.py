@@ -1,0 +1,1 @@
+"""Load generation: Locust users that send the article's task-labelled workloads at fixed concurrency."""

@@ -1,0 +1,204 @@
+"""The Locust user: task-labelled streaming chat requests in a closed loop, per-request results recorded.
+
+Run it through `specwatch load`, or by hand: `locust -f loadgen/locustfile.py --host URL
+--workloads code=data/code.jsonl,chat=data/chat.jsonl` (the web UI shows the same options).
+Each user sends one request at a time with no wait (fixed concurrency = number of users),
+tasks in turn, rows in order; the first `--warmup` requests of each task are labelled
+"<task> warmup" and left out of the results. TTFT, TPOT and ITL go into Locust's statistics
+as their own request types per task, and every request's result (timings, usage,
+`metrics.speculative_decoding`) goes to `--results-file`.
+"""
+
+import locust  # first: gevent patching
+import locust.stats
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust import HttpUser, constant, events, task
+from locust.env import Environment
+from locust.exception import StopUser
+
+from specwatch.load.results import RequestResult
+from specwatch.workloads import Row, load_jsonl
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser: Any) -> None:
+    parser.add_argument("--workloads", default="", include_in_web_ui=True,
+                        help="TASK=PATH.jsonl[,TASK=PATH.jsonl...]: the task-labelled workloads")
+    parser.add_argument("--requests-per-task", type=int, default=0, include_in_web_ui=True,
+                        help="measured requests per task, then stop (0: until --run-time)")
+    parser.add_argument("--warmup", type=int, default=0, include_in_web_ui=True,
+                        help="warm-up requests per task, sent first and left out of the results")
+    parser.add_argument("--max-tokens", type=int, default=0, include_in_web_ui=True,
+                        help="max_tokens for every request (0: each row's output_tokens)")
+    parser.add_argument("--ignore-eos", action="store_true", default=False, include_in_web_ui=True,
+                        help="fixed work: generate exactly max_tokens (performance runs only)")
+    parser.add_argument("--model", default="spec-demo", include_in_web_ui=True)
+    parser.add_argument("--seed", type=int, default=42, include_in_web_ui=True)
+    parser.add_argument("--results-file", default="", help="append one JSON line per request here")
+
+
+@dataclass
+class Plan:
+    """Which request comes next, shared by all users of this Locust process."""
+
+    rows: dict[str, list[Row]]
+    measured: int
+    warmup: int
+    sent: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0
+    order: Any = None
+
+    def __post_init__(self) -> None:
+        self.sent = dict.fromkeys(self.rows, 0)
+        self.order = itertools.cycle(list(self.rows))
+
+    def budget(self, name: str) -> float:
+        return self.warmup + self.measured if self.measured else float("inf")
+
+    def next(self) -> tuple[str, Row, bool] | None:
+        for _ in range(len(self.rows)):
+            name = next(self.order)
+            n = self.sent[name]
+            if n < self.budget(name):
+                self.sent[name] = n + 1
+                rows = self.rows[name]
+                return name, rows[n % len(rows)], n < self.warmup
+        return None
+
+
+PLAN: Plan | None = None
+RESULTS: Any = None
+CSV_PREFIX: str | None = None
+
+
+@events.test_start.add_listener
+def _start(environment: Environment, **_: Any) -> None:
+    global PLAN, RESULTS, CSV_PREFIX
+    options = environment.parsed_options
+    assert options is not None
+    CSV_PREFIX = options.csv_prefix
+    rows: dict[str, list[Row]] = {}
+    for item in filter(None, (options.workloads or "").split(",")):
+        name, _, path = item.partition("=")
+        rows[name.strip()] = load_jsonl(Path(path.strip()), name.strip())
+    if not rows:
+        raise SystemExit("--workloads: expected TASK=PATH.jsonl[,TASK=PATH.jsonl...]")
+    PLAN = Plan(rows, options.requests_per_task, options.warmup)
+    RESULTS = open(options.results_file, "a", encoding="utf-8") if options.results_file else None  # noqa: SIM115
+
+
+@events.test_stop.add_listener
+def _stop(**_: Any) -> None:
+    if RESULTS is not None:
+        RESULTS.flush()
+
+
+@events.quit.add_listener
+def _final_csv(**_: Any) -> None:
+    """Locust rewrites its CSVs every CSV_STATS_INTERVAL_SEC; a run shorter than that would keep stale ones."""
+    if CSV_PREFIX:
+        gevent.sleep(locust.stats.CSV_STATS_INTERVAL_SEC + 0.2)
+
+
+def _report(environment: Environment, kind: str, name: str, seconds: float) -> None:
+    environment.events.request.fire(request_type=kind, name=name, response_time=seconds * 1000,
+                                    response_length=0, exception=None, context={})
+
+
+class ChatUser(HttpUser):
+    """One request in flight at a time, no wait: a closed loop."""
+
+    wait_time = constant(0)
+
+    @task
+    def send(self) -> None:
+        plan = PLAN
+        if plan is None:
+            raise StopUser()
+        pick = plan.next()
+        if pick is None:
+            if plan.in_flight == 0 and self.environment.runner is not None:
+                gevent.spawn_later(0.1, self.environment.runner.quit)
+            raise StopUser()
+        name, row, warmup = pick
+        plan.in_flight += 1
+        try:
+            result = self._request(name, row, warmup)
+        finally:
+            plan.in_flight -= 1
+        if RESULTS is not None:
+            RESULTS.write(result.line())
+            RESULTS.flush()
+
+    def _request(self, name: str, row: Row, warmup: bool) -> RequestResult:
+        options = self.environment.parsed_options
+        assert options is not None
+        max_tokens = options.max_tokens or row.output_tokens
+        body: dict[str, Any] = {
+            "model": options.model, "messages": row.messages(), "max_tokens": max_tokens, "temperature": 0,
+            "seed": options.seed, "stream": True, "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": False}}
+        if options.ignore_eos:
+            body["ignore_eos"] = True
+        label = f"{name} warmup" if warmup else name
+        result = RequestResult(task=name, ok=False, warmup=warmup, start=time.time(), end=0.0)
+        started = time.perf_counter()
+        first = last = None
+        done = False
+        with self.client.post("/v1/chat/completions", json=body, headers={"X-Specwatch-Task": name},
+                              stream=True, catch_response=True, name=label) as response:
+            try:
+                if response.status_code != 200:
+                    raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
+                for line in response.iter_lines():
+                    if not line.startswith(b"data: "):
+                        continue
+                    payload = line[6:]
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(payload)
+                    now = time.perf_counter()
+                    choices = chunk.get("choices") or []
+                    if any((c.get("delta") or {}).get("content") or c.get("text") for c in choices):
+                        if first is None:
+                            first = now
+                        else:
+                            result.itl_s.append(now - (last or now))
+                        last = now
+                    if chunk.get("usage") and not choices:
+                        result.completion_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                        result.prompt_tokens = int(chunk["usage"].get("prompt_tokens") or 0)
+                        result.spec = (chunk.get("metrics") or {}).get("speculative_decoding")
+                if not done:
+                    raise ValueError("stream ended without [DONE]")
+                if not result.completion_tokens:
+                    raise ValueError("no usage chunk")
+                if options.ignore_eos and result.completion_tokens != max_tokens:
+                    raise ValueError(f"ignore_eos: {result.completion_tokens} tokens, expected {max_tokens}")
+                response.success()
+                result.ok = True
+            except (ValueError, KeyError, TypeError) as exc:
+                result.error = str(exc)[:300]
+                response.failure(result.error)
+        result.end = time.time()
+        if first is not None:
+            result.ttft_s = first - started
+            if result.completion_tokens > 1 and last is not None:
+                result.tpot_s = (last - first) / (result.completion_tokens - 1)
+        if result.ok and not warmup:
+            if result.ttft_s is not None:
+                _report(self.environment, "TTFT", name, result.ttft_s)
+            if result.tpot_s is not None:
+                _report(self.environment, "TPOT", name, result.tpot_s)
+            for gap in result.itl_s:
+                _report(self.environment, "ITL", name, gap)
+        return result

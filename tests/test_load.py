@@ -1,0 +1,95 @@
+"""Real Locust, headless, against the simulator through the exporter: the summary matches the tap's counters."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specwatch import cli
+from specwatch.load.results import RequestResult, percentile, summarise
+from specwatch.workloads import write_article_workloads
+from tests.test_exporter import value
+
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    write_article_workloads(out)
+    return out
+
+
+def test_headless_run_through_the_exporter_matches_its_counters(sim_ngram, service_factory, data, tmp_path):
+    tap = service_factory("exporter", ["--upstream", f"baseline={sim_ngram.url}"])
+    out = tmp_path / "run"
+    code = cli.main(["load", "--target", tap.url, "--concurrency", "4", "--requests", "6", "--warmup", "2",
+                     "--task", f"code={data / 'code.jsonl'}", "--task", f"chat={data / 'chat.jsonl'}",
+                     "--ignore-eos", "--max-tokens", "32", "--max-seconds", "120", "--out", str(out)])
+    assert code == cli.EXIT_OK, (out / "locust.log").read_text()[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert summary["warmup_requests"] == 4 and len(lines) == 16
+    for task in ("code", "chat"):
+        s = summary["tasks"][task]
+        assert (s["requests"], s["failures"], s["output_tokens"]) == (6, 0, 6 * 32)
+        measured = [r["spec"] for r in lines if r["task"] == task and not r["warmup"]]
+        everything = [r["spec"] for r in lines if r["task"] == task]
+        assert s["acceptance"]["C"] == sum(f["num_accepted_draft_tokens"] for f in measured)
+        assert s["acceptance"]["R"] == sum(f["num_spec_steps"] for f in measured)
+        # the tap saw every request, warm-ups included, and counted exactly what the clients received
+        assert value(tap.url, "specwatch_accepted_tokens_total", task=task) == sum(
+            f["num_accepted_draft_tokens"] for f in everything)
+        assert value(tap.url, "specwatch_draft_tokens_total", task=task) == sum(
+            f["num_draft_tokens"] for f in everything)
+        assert value(tap.url, "specwatch_requests_total", task=task, outcome="ok") == 8
+        assert 0 < s["ttft_ms"]["p50"] <= s["ttft_ms"]["p99"] and 0 < s["tpot_ms"]["p50"]
+    assert summary["tasks"]["code"]["acceptance"]["drafted_token_share"] > \
+        summary["tasks"]["chat"]["acceptance"]["drafted_token_share"]
+    with (out / "locust_stats.csv").open() as f:
+        rows = {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
+    assert int(rows[("TTFT", "code")]["Request Count"]) == 6
+    assert int(rows[("POST", "code warmup")]["Request Count"]) == 2
+
+
+def test_a_bad_workload_row_is_reported_with_its_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": 5}\n')
+    code = cli.main(["load", "--target", "http://127.0.0.1:9", "--task", f"code={bad}", "--out", str(tmp_path / "o")])
+    assert code == cli.EXIT_ERROR
+    assert f"{bad}:2" in capsys.readouterr().err
+
+
+def test_sweep_shape_steps_through_levels_and_stops_by_itself(sim_ngram, data, tmp_path):
+    results = tmp_path / "sweep.jsonl"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(REPO / "loadgen" / "sweep.py"), "--headless", "--only-summary",
+         "--host", sim_ngram.url, "--workloads", f"chat={data / 'chat.jsonl'}", "--levels", "1,3",
+         "--step-seconds", "2", "--max-tokens", "8", "--results-file", str(results)],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    starts = sorted(json.loads(line)["start"] for line in results.read_text().splitlines())
+    first, second = [s for s in starts if s < starts[0] + 2], [s for s in starts if s >= starts[0] + 2.2]
+    assert first and second  # both levels ran
+
+
+def test_percentiles_and_sums_by_hand():
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0 and percentile([], 50) is None
+    assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
+    spec = {"acceptance_histogram": [1, 0, 2], "num_spec_steps": 3, "num_accepted_draft_tokens": 4,
+            "num_draft_tokens": 6}
+    rows = [RequestResult("code", True, False, 0.0, 2.0, 0.1, 0.01, [0.01, 0.02], 10, 5, spec),
+            RequestResult("code", True, True, 0.0, 1.0, 9.0, 9.0, [], 10, 5, spec),  # warm-up: left out
+            RequestResult("code", False, False, 0.0, 1.0, error="HTTP 500: x")]
+    s = summarise(rows)["tasks"]["code"]
+    assert (s["requests"], s["failures"], s["output_tokens"]) == (2, 1, 10)
+    assert s["ttft_ms"]["p50"] == 100.0 and s["acceptance"]["C"] == 4 and s["errors"] == ["HTTP 500: x"]
+    assert s["acceptance"]["acceptance_rate"] == 4 / 6
