@@ -70,8 +70,9 @@ def _parser() -> argparse.ArgumentParser:
 
     w = verbs.add_parser("workloads", help="write the article's code.jsonl and chat.jsonl")
     w.add_argument("--out", type=Path, default=Path("data"))
-    w.add_argument("--lang", choices=["en", "zh"], default="en",
-                   help="en: English translation (SmolLM2); zh: the article's exact prompts")
+    w.add_argument("--lang", choices=["zh", "en"], default="zh",
+                   help="zh: the article's exact prompts (default); en: their English translation, for "
+                        "English-only models such as SmolLM2")
 
     d = verbs.add_parser("demo", help="the main job: real vLLM on CPU, n-gram, per-task acceptance")
     d.add_argument("--rows", type=int, default=8, help="rows per task (default 8)")
