@@ -42,6 +42,7 @@ class RequestRecord:
     status: int | None = None
     end: float | None = None
     accounted: bool = False
+    _itl: Any = None  # the ITL histogram child, looked up once per request (hot path)
 
     def saw_tokens(self, text: str, now: float, metrics: ExporterMetrics) -> None:
         """A streamed chunk carried text: record TTFT / ITL and hash the text."""
@@ -49,7 +50,9 @@ class RequestRecord:
         if self.first_token is None:
             self.first_token = now
         else:
-            metrics.itl.labels(self.variant, self.task).observe(now - (self.last_token or now))
+            if self._itl is None:
+                self._itl = metrics.itl.labels(self.variant, self.task)
+            self._itl.observe(now - (self.last_token or now))
         self.last_token = now
         self.token_chunks += 1
 
