@@ -113,12 +113,16 @@ PASSTHROUGH_VERBS = ("sim", "exporter")  # they parse their own flags (argparse 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in PASSTHROUGH_VERBS:
-        if argv[0] == "sim":
+    verb_at = 0
+    while verb_at < len(argv) and argv[verb_at].startswith("-"):  # global options before the verb
+        verb_at += 2 if argv[verb_at] == "--home" else 1
+    if verb_at < len(argv) and argv[verb_at] in PASSTHROUGH_VERBS:
+        rest = argv[verb_at + 1:]
+        if argv[verb_at] == "sim":
             from specwatch.simulator.main import main as sim_main
-            return sim_main(argv[1:])
+            return sim_main(rest)
         from specwatch.exporter.main import main as exporter_main
-        return exporter_main(argv[1:])
+        return exporter_main(rest)
     args = _parser().parse_args(argv)
     home = resolve_home(args.home)
     try:
