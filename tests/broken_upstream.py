@@ -1,7 +1,8 @@
 """A deliberately broken OpenAI-style upstream for fault tests: `python tests/broken_upstream.py PORT`.
 
 Non-streaming chat answers 200 with invalid JSON; streaming chat answers an SSE stream whose
-second event is not JSON and which never sends [DONE]; /health is fine.
+second event is not JSON and which never sends [DONE]; /health is fine; POST /v1/echo-headers
+answers the request headers it received.
 """
 
 import sys
@@ -26,8 +27,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def echo_headers(request: web.Request) -> web.Response:
+    return web.json_response(dict(request.headers))
+
+
 if __name__ == "__main__":
     app = web.Application()
     app.router.add_get("/health", health)
+    app.router.add_post("/v1/echo-headers", echo_headers)
     app.router.add_post("/v1/chat/completions", chat)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)

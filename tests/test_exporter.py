@@ -192,6 +192,13 @@ def test_malformed_upstream_answers_are_relayed_and_counted(service_factory, tmp
         assert b"data: {this is not json\n\n" in streamed.content
         assert value(tap.url, "specwatch_requests_total", outcome="bad_response") == 2
         assert requests.get(tap.url + "/healthz", timeout=5).status_code == 200
+        # headers pass through untouched, the tap's own are stripped, and none is logged
+        secret = "Bearer sk-" + uuid.uuid4().hex
+        echoed = requests.post(tap.url + "/v1/echo-headers", timeout=10, headers={
+            "Authorization": secret, "X-Custom": "kept", "X-Specwatch-Task": "code", "X-Specwatch-Variant": "x"}).json()
+        assert echoed["Authorization"] == secret and echoed["X-Custom"] == "kept"
+        assert not {"X-Specwatch-Task", "X-Specwatch-Variant"} & set(echoed)
+        assert secret not in tap.log.read_text()
     finally:
         broken.terminate()
         broken.wait(10)
