@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu demo test lint generate bench clean
+.PHONY: setup vllm-cpu demo test lint chromium generate bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -23,8 +23,11 @@ lint: setup
 	$(BIN)/ruff check specwatch tests bench scripts loadgen
 	$(BIN)/mypy
 
-test: vllm-cpu lint         ## everything CI proves: lint, unit tests and the real-vLLM tier
+test: vllm-cpu lint chromium  ## everything CI proves: lint, unit tests and the real-vLLM tier
 	$(BIN)/python -m pytest
+
+chromium:                   ## Debian's Chromium, for the Locust web UI test (driven by Playwright)
+	test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q --no-install-recommends chromium; }
 
 generate: vllm-cpu          ## refresh the golden captures and the metric catalog from the real vLLM
 	$(BIN)/specwatch vllm-cpu capture --out tests/fixtures/vllm-0.32.0
