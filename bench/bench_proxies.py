@@ -4,14 +4,15 @@ One `specwatch sim` upstream (time scale 1) and, in front of it on 127.0.0.1, ea
 PROXIES: specwatch's exporter, nginx (Debian package), vllm-router (PyPI) and LiteLLM's proxy (PyPI).
 For each concurrency level a closed loop of streaming chat requests (max_tokens 64, ignore_eos,
 temperature 0, stream_options.include_usage) runs against every target, direct included, in rounds
-whose order rotates so that drift hits all targets alike; a second direct target is an A/A control
-that shows how much "added latency" is noise. Per request the client (aiohttp) measures TTFT (first
+whose order rotates so that drift hits all targets alike (after each round the benchmark waits until
+every process is idle again); a second direct target is an A/A control that shows how much "added
+latency" is noise. Per request the client (aiohttp) measures TTFT (first
 chunk with non-empty content) and TPOT ((last content chunk - first content chunk) / (completion_tokens - 1));
 per proxy the CPU seconds of its process tree (/proc/PID/stat) give streamed chunks per CPU second.
 Writes bench/results/proxies.json and bench/results/proxies.md and prints the Markdown.
 
     .venv/bin/python bench/bench_proxies.py [--proxies exporter,nginx,vllm-router,litellm]
-        [--concurrency 1,16,64] [--requests-per-level N] [--rounds 3] [--no-install]
+        [--concurrency 1,16,64] [--requests-per-level N] [--rounds 6] [--no-control] [--no-install] [--keep-logs]
 
 vllm-router and LiteLLM are installed (pinned) into their own venvs under ~/.cache/specwatch/bench-envs/,
 nginx with apt-get when /usr/sbin/nginx is absent (as root); --no-install reports a missing one as
@@ -68,6 +69,9 @@ SIM_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", MODEL, "--max-model-len", "4
 REQUESTS_PER_CONCURRENCY = 6  # default requests per target and level: 6 x concurrency (6 waves when rounds = 6) ...
 MIN_REQUESTS = 24  # ... but at least this many, so that concurrency 1 has more than a handful of samples
 IDLE_SECONDS = 5.0
+SETTLE_WINDOW_S = 0.3  # after each round: wait for a window this long in which all trees together use ...
+SETTLE_QUIET_PCT = 5.0  # ... less than their idle CPU plus this many % of a core,
+SETTLE_MAX_S = 30.0  # but no longer than this
 REQUEST_TIMEOUT_S = 120.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -335,6 +339,7 @@ class Cell:
     cpu_s: float = 0.0
     upstream_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
+    settle_s: float = 0.0
     wall_s: float = 0.0
 
 
@@ -405,9 +410,24 @@ async def smoke(targets: list[Target], prompt: str) -> dict[str, str]:
     return failed
 
 
+async def settle(pids: list[int], quiet_pct: float) -> float:
+    """Wait until the process trees together use less than `quiet_pct` % of a core (work a proxy does after the
+    last chunk, e.g. logging callbacks, must not land on the next target's round); returns the seconds waited."""
+    start = time.monotonic()
+    last = sum(tree_cpu_seconds(pid) for pid in pids)
+    while time.monotonic() - start < SETTLE_MAX_S:
+        await asyncio.sleep(SETTLE_WINDOW_S)
+        now = sum(tree_cpu_seconds(pid) for pid in pids)
+        if 100 * (now - last) / SETTLE_WINDOW_S < quiet_pct:
+            break
+        last = now
+    return time.monotonic() - start
+
+
 async def measure(targets: list[Target], upstream_pid: int, levels: list[int], requests_for: Callable[[int], int],
-                  rounds: int, prompts: list[str]) -> dict[int, dict[str, Cell]]:
+                  rounds: int, prompts: list[str], quiet_pct: float) -> dict[int, dict[str, Cell]]:
     cells: dict[int, dict[str, Cell]] = {}
+    everyone = [upstream_pid, *(t.pid for t in targets if t.pid)]
     for concurrency in levels:
         total = requests_for(concurrency)
         cells[concurrency] = {t.name: Cell() for t in targets}
@@ -415,6 +435,7 @@ async def measure(targets: list[Target], upstream_pid: int, levels: list[int], r
         try:
             for target in targets:  # warm-up wave: connections (client and proxy side) and caches, not counted
                 await closed_loop(sessions[target.name], target, prompts, 0, concurrency, min(concurrency, total))
+                await settle(everyone, quiet_pct)
             offset = concurrency
             for r, count in enumerate(split(total, rounds, concurrency)):
                 order = targets[r % len(targets):] + targets[:r % len(targets)]
@@ -427,6 +448,7 @@ async def measure(targets: list[Target], upstream_pid: int, levels: list[int], r
                                                         count)
                     cell.wall_s += time.perf_counter() - t0
                     cell.client_cpu_s += time.process_time() - client0
+                    cell.settle_s += await settle(everyone, quiet_pct)  # its CPU counts to this round's target
                     cell.upstream_cpu_s += tree_cpu_seconds(upstream_pid) - up0
                     cell.cpu_s += (tree_cpu_seconds(target.pid) - cpu0) if target.pid else 0.0
                     cell.samples += samples
@@ -474,7 +496,8 @@ def summarize(cells: dict[int, dict[str, Cell]], proxy_names: set[str],
                                    **stats[name]}
             for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
                 row["added_" + key] = diff(stats[name][key], stats["direct"][key]) if name != "direct" else 0.0
-            row.update({"chunks": chunks, "wall_s": cell.wall_s, "client_cpu_s": cell.client_cpu_s,
+            row.update({"chunks": chunks, "wall_s": cell.wall_s, "settle_s": cell.settle_s,
+                        "client_cpu_s": cell.client_cpu_s,
                         "upstream_cpu_s": cell.upstream_cpu_s,
                         "upstream_chunks_per_cpu_s": chunks / cell.upstream_cpu_s if cell.upstream_cpu_s else None})
             if name in proxy_names:
@@ -511,13 +534,15 @@ def markdown(report: dict[str, Any]) -> str:
     top = max(r["concurrency"] for r in rows)
     out += ["", f"## CPU at concurrency {top}: streamed chunks per CPU second of each process tree", "",
             "CPU seconds from /proc/PID/stat (utime+stime of the process and its descendants) over the target's "
-            "own measured rounds; chunks = SSE `data:` events the client received through it.", "",
-            "| target | chunks relayed | wall s | proxy CPU s | chunks / proxy CPU s | sim CPU s | chunks / sim CPU s "
-            "| client CPU s |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|"]
+            "own measured rounds, each up to the moment all processes are quiet again (settle s after the last "
+            "chunk); chunks = SSE `data:` events the client received through it.", "",
+            "| target | chunks relayed | wall s | settle s | proxy CPU s | chunks / proxy CPU s | sim CPU s "
+            "| chunks / sim CPU s | client CPU s |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for row in rows:
         if row["concurrency"] == top:
             out.append(f"| {label.get(row['target'], row['target'])} | {row['chunks']} | {fmt(row['wall_s'], 1)} | "
+                       f"{fmt(row['settle_s'], 1)} | "
                        f"{fmt(row.get('proxy_cpu_s'), 2)} | {fmt(row.get('proxy_chunks_per_cpu_s'), 0)} | "
                        f"{fmt(row['upstream_cpu_s'], 2)} | {fmt(row['upstream_chunks_per_cpu_s'], 0)} | "
                        f"{fmt(row['client_cpu_s'], 2)} |")
@@ -658,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"measuring {[t.name for t in targets]} at concurrency {args.levels}, "
                   f"requests per level {[requests_for(c) for c in args.levels]}, {args.rounds} rounds", flush=True)
             started = time.monotonic()
-            cells = asyncio.run(measure(targets, sim.pid, args.levels, requests_for, args.rounds, prompts))
+            quiet = sum(idle.values()) + SETTLE_QUIET_PCT
+            cells = asyncio.run(measure(targets, sim.pid, args.levels, requests_for, args.rounds, prompts, quiet))
             elapsed = time.monotonic() - started
     except BaseException:
         failed = True
