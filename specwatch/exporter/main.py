@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
+import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -119,5 +120,5 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"specwatch exporter: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(cfg))
+    uvloop.run(serve(cfg))  # libuv's loop: measurably less CPU per relayed chunk than asyncio's default
     return 0
