@@ -4,10 +4,10 @@ One `specwatch sim` upstream (time scale 1) and, in front of it on 127.0.0.1, ea
 PROXIES: specwatch's exporter, nginx (Debian package), vllm-router (PyPI) and LiteLLM's proxy (PyPI).
 For each concurrency level a closed loop of streaming chat requests (max_tokens 64, ignore_eos,
 temperature 0, stream_options.include_usage) runs against every target, direct included, in rounds
-whose order rotates so that drift hits all targets alike (after each round the benchmark waits until
-every process is idle again); a second direct target is an A/A control that shows how much "added
-latency" is noise. Per request the client (aiohttp) measures TTFT (first
-chunk with non-empty content) and TPOT ((last content chunk - first content chunk) / (completion_tokens - 1));
+whose order rotates so that drift hits all targets alike. Each round opens new client connections and,
+when done, waits until every process is idle again; a second direct target is an A/A control that shows
+how much "added latency" is noise. Per request the client (aiohttp) measures TTFT (first chunk with
+non-empty content) and TPOT ((last content chunk - first content chunk) / (completion_tokens - 1));
 per proxy the CPU seconds of its process tree (/proc/PID/stat) give streamed chunks per CPU second.
 Writes bench/results/proxies.json and bench/results/proxies.md and prints the Markdown.
 
@@ -67,7 +67,7 @@ MAX_TOKENS = 64
 SIM_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", MODEL, "--max-model-len", "4096", "--max-num-seqs", "64",
             "--sim-time-scale", "1"]
 REQUESTS_PER_CONCURRENCY = 6  # default requests per target and level: 6 x concurrency (6 waves when rounds = 6) ...
-MIN_REQUESTS = 24  # ... but at least this many, so that concurrency 1 has more than a handful of samples
+MIN_REQUESTS = 48  # ... but at least this many, so that concurrency 1 has more than a handful of samples
 IDLE_SECONDS = 5.0
 SETTLE_WINDOW_S = 0.3  # after each round: wait for a window this long in which all trees together use ...
 SETTLE_QUIET_PCT = 5.0  # ... less than their idle CPU plus this many % of a core,
@@ -340,6 +340,7 @@ class Cell:
     upstream_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     settle_s: float = 0.0
+    machine_busy_s: float = 0.0  # every process on the machine, ours included
     wall_s: float = 0.0
 
 
@@ -424,6 +425,20 @@ async def settle(pids: list[int], quiet_pct: float) -> float:
     return time.monotonic() - start
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores of the machine spent not idle, from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLK_TCK  # user..steal minus idle and iowait
+
+
+async def round_of(target: Target, prompts: list[str], offset: int, concurrency: int,
+                   count: int) -> tuple[list[Sample], list[str]]:
+    """A closed loop on new client connections, closed at its end (no keep-alive races across rounds)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        return await closed_loop(session, target, prompts, offset, concurrency, count)
+
+
 async def measure(targets: list[Target], upstream_pid: int, levels: list[int], requests_for: Callable[[int], int],
                   rounds: int, prompts: list[str], quiet_pct: float) -> dict[int, dict[str, Cell]]:
     cells: dict[int, dict[str, Cell]] = {}
@@ -431,34 +446,29 @@ async def measure(targets: list[Target], upstream_pid: int, levels: list[int], r
     for concurrency in levels:
         total = requests_for(concurrency)
         cells[concurrency] = {t.name: Cell() for t in targets}
-        sessions = {t.name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for t in targets}
-        try:
-            for target in targets:  # warm-up wave: connections (client and proxy side) and caches, not counted
-                await closed_loop(sessions[target.name], target, prompts, 0, concurrency, min(concurrency, total))
-                await settle(everyone, quiet_pct)
-            offset = concurrency
-            for r, count in enumerate(split(total, rounds, concurrency)):
-                order = targets[r % len(targets):] + targets[:r % len(targets)]
-                for target in order:
-                    cell = cells[concurrency][target.name]
-                    cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
-                    up0 = tree_cpu_seconds(upstream_pid)
-                    t0, client0 = time.perf_counter(), time.process_time()
-                    samples, errors = await closed_loop(sessions[target.name], target, prompts, offset, concurrency,
-                                                        count)
-                    cell.wall_s += time.perf_counter() - t0
-                    cell.client_cpu_s += time.process_time() - client0
-                    cell.settle_s += await settle(everyone, quiet_pct)  # its CPU counts to this round's target
-                    cell.upstream_cpu_s += tree_cpu_seconds(upstream_pid) - up0
-                    cell.cpu_s += (tree_cpu_seconds(target.pid) - cpu0) if target.pid else 0.0
-                    cell.samples += samples
-                    cell.errors += errors
-                offset += count
-                done = {t.name: len(cells[concurrency][t.name].samples) for t in targets}
-                print(f"  concurrency {concurrency}: round {r + 1} done, samples {done}", flush=True)
-        finally:
-            for session in sessions.values():
-                await session.close()
+        for target in targets:  # warm-up wave (proxy-side upstream connections, lazy init), not counted
+            await round_of(target, prompts, 0, concurrency, min(concurrency, total))
+            await settle(everyone, quiet_pct)
+        offset = concurrency
+        for r, count in enumerate(split(total, rounds, concurrency)):
+            order = targets[r % len(targets):] + targets[:r % len(targets)]
+            for target in order:
+                cell = cells[concurrency][target.name]
+                cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
+                up0, busy0 = tree_cpu_seconds(upstream_pid), machine_busy_seconds()
+                t0, client0 = time.perf_counter(), time.process_time()
+                samples, errors = await round_of(target, prompts, offset, concurrency, count)
+                cell.wall_s += time.perf_counter() - t0
+                cell.settle_s += await settle(everyone, quiet_pct)  # its CPU counts to this round's target
+                cell.client_cpu_s += time.process_time() - client0
+                cell.upstream_cpu_s += tree_cpu_seconds(upstream_pid) - up0
+                cell.cpu_s += (tree_cpu_seconds(target.pid) - cpu0) if target.pid else 0.0
+                cell.machine_busy_s += machine_busy_seconds() - busy0
+                cell.samples += samples
+                cell.errors += errors
+            offset += count
+            done = {t.name: len(cells[concurrency][t.name].samples) for t in targets}
+            print(f"  concurrency {concurrency}: round {r + 1} done, samples {done}", flush=True)
     return cells
 
 
@@ -496,8 +506,10 @@ def summarize(cells: dict[int, dict[str, Cell]], proxy_names: set[str],
                                    **stats[name]}
             for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"):
                 row["added_" + key] = diff(stats[name][key], stats["direct"][key]) if name != "direct" else 0.0
+            others = cell.machine_busy_s - cell.client_cpu_s - cell.upstream_cpu_s - cell.cpu_s
             row.update({"chunks": chunks, "wall_s": cell.wall_s, "settle_s": cell.settle_s,
-                        "client_cpu_s": cell.client_cpu_s,
+                        "client_cpu_s": cell.client_cpu_s, "machine_busy_s": cell.machine_busy_s,
+                        "other_processes_cpu_s": max(0.0, others),
                         "upstream_cpu_s": cell.upstream_cpu_s,
                         "upstream_chunks_per_cpu_s": chunks / cell.upstream_cpu_s if cell.upstream_cpu_s else None})
             if name in proxy_names:
@@ -519,6 +531,10 @@ def markdown(report: dict[str, Any]) -> str:
            f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores, {report['machine']['os']}. "
            f"Upstream: `specwatch sim` at time scale 1; every request streams {MAX_TOKENS} tokens (ignore_eos). "
            "Rounds rotate the order of the targets; all processes share the same cores, the client included.", "",
+           "Load from other processes on the machine (not the benchmark's) during the measured rounds, in % of a "
+           "core: " + ", ".join(f"concurrency {c}: {fmt(v, 0)}" for c, v in report["other_load_pct"].items())
+           + f"; load average {report['machine']['loadavg_start']} at the start, "
+           f"{report['machine']['loadavg_end']} at the end.", "",
            "## Latency (ms) at the client; added = proxy minus direct (difference of p50s, of p99s)", "",
            "| target | conc | ok/err | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | +TTFT p50 | +TTFT p99 "
            "| +TPOT p50 | +TPOT p99 |",
@@ -537,15 +553,15 @@ def markdown(report: dict[str, Any]) -> str:
             "own measured rounds, each up to the moment all processes are quiet again (settle s after the last "
             "chunk); chunks = SSE `data:` events the client received through it.", "",
             "| target | chunks relayed | wall s | settle s | proxy CPU s | chunks / proxy CPU s | sim CPU s "
-            "| chunks / sim CPU s | client CPU s |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+            "| chunks / sim CPU s | client CPU s | other processes CPU s |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for row in rows:
         if row["concurrency"] == top:
             out.append(f"| {label.get(row['target'], row['target'])} | {row['chunks']} | {fmt(row['wall_s'], 1)} | "
                        f"{fmt(row['settle_s'], 1)} | "
                        f"{fmt(row.get('proxy_cpu_s'), 2)} | {fmt(row.get('proxy_chunks_per_cpu_s'), 0)} | "
                        f"{fmt(row['upstream_cpu_s'], 2)} | {fmt(row['upstream_chunks_per_cpu_s'], 0)} | "
-                       f"{fmt(row['client_cpu_s'], 2)} |")
+                       f"{fmt(row['client_cpu_s'], 2)} | {fmt(row['other_processes_cpu_s'], 2)} |")
     levels = sorted({r["concurrency"] for r in rows})
     proxies = [name for name in report["target_order"] if name not in label]
     if proxies:
@@ -557,7 +573,17 @@ def markdown(report: dict[str, Any]) -> str:
             out.append(f"| {name} | {fmt(report['idle_cpu_pct'].get(name), 1)} | " + " | ".join(
                 fmt(by[name, c].get("proxy_chunks_per_cpu_s"), 0) for c in levels) + " |")
     out += ["", "## Versions", ""] + [f"- {k}: {v}" for k, v in report["versions"].items()]
-    out += ["", "## Commands", "", "```"] + [f"{k}: {v}" for k, v in report["commands"].items()] + ["```"]
+    out += ["", "## Commands", "",
+            "Ports are free ports picked per run; nginx's config is bench/proxies/nginx.conf.template and LiteLLM's "
+            "bench/proxies/litellm.yaml.template, filled in under a temp dir.", "", "```"]
+    out += [f"{k}: {v}" for k, v in report["commands"].items()] + ["```"]
+    out += ["", "## How to read it", "",
+            "- Each round is a closed loop on new client connections (TTFT includes a loopback connect, for every "
+            "target alike); a warm-up wave per target and level is not counted.",
+            "- With the client, the simulator and the proxy on 2 shared cores, the added TPOT at the highest "
+            "concurrency is mostly CPU contention (the proxy's CPU is taken from the simulator's step loop and the "
+            "client), not time on the wire; the A/A control row shows the noise at each level.",
+            "- p99 of few samples is close to the maximum: one stall of another process on the machine moves it."]
     if report["unavailable"]:
         out += ["", "## Unavailable", ""] + [f"- {k}: {v}" for k, v in report["unavailable"].items()]
     errors = [r for r in rows if r["errors"]]
@@ -574,7 +600,11 @@ def machine() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return {"cpu": cpu, "cores": os.cpu_count(), "os": platform.platform()}
+    return {"cpu": cpu, "cores": os.cpu_count(), "os": platform.platform(), "loadavg_start": loadavg()}
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def idle_cpu_pct(pids: dict[str, int], seconds: float) -> dict[str, float]:
@@ -632,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = article_rows("chat") + article_rows("code")
     prompts = [rows[(i * 7) % len(rows)].prompt for i in range(len(rows))]  # chat and code interleaved
+    machine_info = machine()
     versions = {"python": platform.python_version(), "aiohttp": aiohttp.__version__, "upstream": specwatch_version()}
     commands: dict[str, str] = {"benchmark": shlex.join([sys.executable, *sys.argv])}
     unavailable: dict[str, str] = {}
@@ -698,15 +729,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"process logs kept in {workdir}")
 
     proxy_names = {t.name for t in targets if t.pid is not None}
+    results = summarize(cells, proxy_names, idle)
     report: dict[str, Any] = {
         "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine(), "measure_seconds": round(elapsed, 1),
+        "machine": {**machine_info, "loadavg_end": loadavg()}, "measure_seconds": round(elapsed, 1),
+        "other_load_pct": {c: 100 * sum(r["other_processes_cpu_s"] for r in results if r["concurrency"] == c)
+                           / max(1e-9, sum(r["wall_s"] + r["settle_s"] for r in results if r["concurrency"] == c))
+                           for c in args.levels},
         "config": {"concurrency": args.levels, "requests_per_level": {c: requests_for(c) for c in args.levels},
                    "rounds": {c: len(split(requests_for(c), args.rounds, c)) for c in args.levels},
                    "max_tokens": MAX_TOKENS, "model": MODEL, "warmup": "one wave (concurrency requests) per level",
                    "idle_seconds": IDLE_SECONDS},
         "target_order": [t.name for t in targets], "versions": versions, "commands": commands,
-        "unavailable": unavailable, "idle_cpu_pct": idle, "results": summarize(cells, proxy_names, idle),
+        "unavailable": unavailable, "idle_cpu_pct": idle, "results": results,
         "samples": {c: {name: {"ttft_ms": [round(s.ttft_ms, 3) for s in cell.samples],
                                "tpot_ms": [round(s.tpot_ms, 3) for s in cell.samples]}
                         for name, cell in by_target.items()} for c, by_target in cells.items()},
