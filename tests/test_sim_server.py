@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -174,3 +175,21 @@ def test_malformed_requests_get_a_400_and_the_server_keeps_serving(sim_ngram, bo
     error = r.json()["error"]
     assert error["type"] == "BadRequestError" and error["code"] == 400 and error["message"]
     assert requests.get(sim_ngram.url + "/health", timeout=5).status_code == 200
+
+
+def test_the_role_chunk_comes_with_the_first_token_not_before_prefill(sim_factory):
+    """As vLLM 0.32.0: the role chunk is emitted in the same iteration as the first output."""
+    slow = sim_factory([*NGRAM_SIM_ARGS[:-1], "10"])  # time scale 10: a prefill step takes about 60 ms
+    body = {"messages": [{"role": "user", "content": "Case 1: explain queues."}], "max_tokens": 4,
+            "temperature": 0, "stream": True}
+    start = time.perf_counter()
+    with requests.post(slow.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
+        arrivals = []
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                arrivals.append((time.perf_counter() - start, json.loads(line[6:])))
+    role_at, role = arrivals[0]
+    first_at, first = arrivals[1]
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["choices"][0]["delta"]["content"]
+    assert role_at > 0.04 and first_at - role_at < 0.01

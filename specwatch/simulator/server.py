@@ -296,15 +296,17 @@ class SimApi:
         def head() -> dict[str, Any]:
             return {"id": response_id, "object": obj, "created": created, "model": model}
 
-        if chat:
-            for i in range(len(seqs)):
-                role = {**head(), "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                               "logprobs": None, "finish_reason": None}],
-                        "prompt_token_ids": None, "prompt_text": None}
-                if self.cfg.force_include_usage:
-                    role["usage"] = self._usage(p, seqs, streamed=True)
-                await send(role)
+        roles_sent = not chat
         async for i, out in _merge(seqs):
+            if not roles_sent:  # vLLM sends the role chunks with the first engine output, not before prefill
+                roles_sent = True
+                for index in range(len(seqs)):
+                    role = {**head(), "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                                   "logprobs": None, "finish_reason": None}],
+                            "prompt_token_ids": None, "prompt_text": None}
+                    if self.cfg.force_include_usage:
+                        role["usage"] = self._usage(p, seqs, streamed=True)
+                    await send(role)
             if not out.text and out.finish_reason is None:
                 continue  # text held back (a possible stop string) or an EOS-only step: nothing to send
             choice: dict[str, Any]
