@@ -60,14 +60,16 @@ class Plan:
         self.sent = dict.fromkeys(self.rows, 0)
         self.order = itertools.cycle(list(self.rows))
 
-    def budget(self, name: str) -> float:
+    @property
+    def budget(self) -> float:
+        """Requests per task: warm-ups plus measured ones, or unbounded (then --run-time stops the run)."""
         return self.warmup + self.measured if self.measured else float("inf")
 
     def next(self) -> tuple[str, Row, bool] | None:
         for _ in range(len(self.rows)):
             name = next(self.order)
             n = self.sent[name]
-            if n < self.budget(name):
+            if n < self.budget:
                 self.sent[name] = n + 1
                 rows = self.rows[name]
                 return name, rows[n % len(rows)], n < self.warmup
