@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from specwatch.acceptance import spec_field, total
 from specwatch.reconcile import reconcile
 from specwatch.vllm_metrics import spec_decode_counters
@@ -99,3 +101,15 @@ def exchange_shapes(folder: Path, name: str) -> Any:
     if (request["body"] or {}).get("stream"):
         return sse_shapes(raw)
     return shape(json.loads(raw)) if raw else "empty"
+
+
+def vllm_families(text: str) -> dict[str, tuple[str, set[str], list[float] | None]]:
+    """Each `vllm:` family of an exposition: type, label names (without `le`) and bucket bounds."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith("vllm:") or fam.name.endswith("_created"):
+            continue
+        labels = {k for s in fam.samples for k in s.labels if k != "le"}
+        buckets = sorted({float(s.labels["le"]) for s in fam.samples if "le" in s.labels} - {float("inf")})
+        out[fam.name] = (fam.type, labels, buckets or None)
+    return out

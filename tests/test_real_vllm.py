@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch import cli
 from specwatch.acceptance import total
@@ -16,7 +14,8 @@ from specwatch.reconcile import reconcile
 from specwatch.vllm_cpu.capture import capture_server, exchanges
 from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import article_rows
-from tests.capture_checks import check_capture, exchange_shapes, sse_events
+from tests.capture_checks import check_capture, exchange_shapes, sse_events, vllm_families
+from tests.test_exporter import value
 
 pytestmark = pytest.mark.real_vllm
 
@@ -91,16 +90,8 @@ def test_simulator_is_indistinguishable_from_the_real_server_on_the_wire(ngram_s
         [(e["name"], e["status"], e["content_type"]) for e in real_manifest]
     for exchange in exchanges():
         assert exchange_shapes(sim, exchange.name) == exchange_shapes(real, exchange.name), exchange.name
-    assert _families_of(sim / "metrics_after.txt") == _families_of(real / "metrics_after.txt")
-
-
-def _families_of(path: Path) -> dict[str, tuple[str, frozenset[str]]]:
-    out = {}
-    for fam in text_string_to_metric_families(path.read_text()):
-        if fam.name.startswith("vllm:"):
-            labels = {k for s in fam.samples for k in s.labels if k not in ("le",)}
-            out[fam.name] = (fam.type, frozenset(labels))
-    return out
+    assert vllm_families((sim / "metrics_after.txt").read_text()) == vllm_families(
+        (real / "metrics_after.txt").read_text())
 
 
 def test_reconcile_flags_a_mismatch(ngram_server):
@@ -128,21 +119,17 @@ def test_exporter_in_front_of_the_real_server_counts_exactly(ngram_server, servi
         for family, key in (("specwatch_accepted_tokens_total", "num_accepted_draft_tokens"),
                             ("specwatch_draft_tokens_total", "num_draft_tokens"),
                             ("specwatch_spec_steps_total", "num_spec_steps")):
-            assert _tap_sum(tap.url, family, task=task) == sum(f[key] for f in fields), (task, family)
+            assert value(tap.url, family, task=task) == sum(f[key] for f in fields), (task, family)
     for task in ("code", "chat"):  # streams without usage: the clients get none, the tap still counts them
         stream = requests.post(tap.url + "/v1/chat/completions", timeout=300, headers={"X-Specwatch-Task": task},
                                json={**chat_body(article_rows(task)[2], 24), "stream": True})
         assert all(e == "[DONE]" or e["choices"] for e in sse_events(stream.content))
     delta = spec_decode_counters(fetch_metrics(ngram_server.url)).minus(before)
-    assert _tap_sum(tap.url, "specwatch_spec_steps_total") == delta.drafts
-    assert _tap_sum(tap.url, "specwatch_draft_tokens_total") == delta.draft_tokens
-    assert _tap_sum(tap.url, "specwatch_accepted_tokens_total") == delta.accepted
+    assert value(tap.url, "specwatch_spec_steps_total") == delta.drafts
+    assert value(tap.url, "specwatch_draft_tokens_total") == delta.draft_tokens
+    assert value(tap.url, "specwatch_accepted_tokens_total") == delta.accepted
     for p in range(4):
-        assert _tap_sum(tap.url, "specwatch_accepted_tokens_per_pos_total", position=str(p)) == delta.per_position[p]
-    assert _tap_sum(tap.url, "specwatch_requests_total", outcome="ok") == 6
-    assert _tap_sum(tap.url, "specwatch_spec_metrics_missing_total") == 0
+        assert value(tap.url, "specwatch_accepted_tokens_per_pos_total", position=str(p)) == delta.per_position[p]
+    assert value(tap.url, "specwatch_requests_total", outcome="ok") == 6
+    assert value(tap.url, "specwatch_spec_metrics_missing_total") == 0
 
-
-def _tap_sum(url: str, name: str, **labels: str) -> float:
-    return sum(s.value for fam in text_string_to_metric_families(fetch_metrics(url)) for s in fam.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))

@@ -12,7 +12,6 @@ from pathlib import Path
 import openai
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.acceptance import total
 from specwatch.chat_client import fetch_metrics, run_chat
@@ -20,7 +19,7 @@ from specwatch.reconcile import reconcile
 from specwatch.vllm_cpu.capture import capture_server, exchanges
 from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import article_rows
-from tests.capture_checks import check_capture, exchange_shapes, sse_events
+from tests.capture_checks import check_capture, exchange_shapes, sse_events, vllm_families
 from tests.conftest import NGRAM_SIM_ARGS, SimServer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
@@ -51,20 +50,9 @@ def test_json_and_sse_shapes_equal_the_real_servers(sim_captures, variant, name)
     assert exchange_shapes(sim_captures[variant], name) == exchange_shapes(FIXTURES / variant, name)
 
 
-def _families(text: str) -> dict[str, tuple[str, set[str], list[float] | None]]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        if not fam.name.startswith("vllm:") or fam.name.endswith("_created"):
-            continue
-        labels = {k for s in fam.samples for k in s.labels if k != "le"}
-        buckets = sorted({float(s.labels["le"]) for s in fam.samples if "le" in s.labels} - {float("inf")})
-        out[fam.name] = (fam.type, labels, buckets or None)
-    return out
-
-
 def test_metric_families_match_the_catalog_read_from_the_wheel(sim_ngram):
     catalog = {e["name"]: e for e in json.loads(CATALOG.read_text())}
-    exposed = _families(fetch_metrics(sim_ngram.url))
+    exposed = vllm_families(fetch_metrics(sim_ngram.url))
     expected = {n for n, e in catalog.items() if e["condition"] in ("always", "speculative config set")}
     assert set(exposed) == expected
     for name, (kind, labels, buckets) in exposed.items():
@@ -76,8 +64,8 @@ def test_metric_families_match_the_catalog_read_from_the_wheel(sim_ngram):
 
 
 def test_metric_exposition_equals_the_real_capture_family_for_family(sim_ngram):
-    real = _families((FIXTURES / "ngram" / "metrics_before.txt").read_text())
-    assert _families(fetch_metrics(sim_ngram.url)) == real
+    real = vllm_families((FIXTURES / "ngram" / "metrics_before.txt").read_text())
+    assert vllm_families(fetch_metrics(sim_ngram.url)) == real
 
 
 def test_openai_client_streams_with_include_usage(sim_ngram):
