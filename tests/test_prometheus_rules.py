@@ -1,0 +1,151 @@
+"""promtool on the repository's Prometheus files: config, rules, unit tests, and that those tests bite."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specwatch.promconfig import rule_tests, rules
+from specwatch.promconfig.server import Targets, write_layout
+
+REPO = Path(__file__).parents[1]
+PROM = REPO / "prometheus"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        pytest.fail("no promtool on PATH: run the README's test command (`make test`), which installs Debian's "
+                    "prometheus package")
+    return found
+
+
+def run(promtool: str, *args: str, cwd: Path = PROM) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_config_and_rules_check(promtool):
+    checked = run(promtool, "check", "config", "prometheus.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "2 rule files found" in checked.stdout
+    for path in (PROM / "rules").glob("*.yml"):
+        result = run(promtool, "check", "rules", str(path))
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_local_layout_is_the_same_config_with_loopback_targets(promtool, tmp_path):
+    config = write_layout(tmp_path, Targets({"baseline": "http://127.0.0.1:8000", "candidate": "http://127.0.0.1:8001"},
+                                            ("http://127.0.0.1:9400",)))
+    assert config.read_bytes() == (PROM / "prometheus.yml").read_bytes()
+    checked = run(promtool, "check", "config", str(config), cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    vllm = yaml.safe_load((tmp_path / "targets" / "vllm.yml").read_text())
+    assert vllm == [{"targets": ["127.0.0.1:8000"], "labels": {"variant": "baseline"}},
+                    {"targets": ["127.0.0.1:8001"], "labels": {"variant": "candidate"}}]
+
+
+def test_promtool_unit_tests_pass(promtool):
+    result = run(promtool, "test", "rules", "tests/recording.test.yml", "tests/alerts.test.yml")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.stdout.count("SUCCESS") == 2
+
+
+def test_generated_files_are_current():
+    assert (PROM / "rules" / rules.RULES_FILE).read_text() == rules.render(rules.recording_groups()), \
+        "run `make generate`"
+    assert (PROM / "tests" / rule_tests.TESTS_FILE).read_text() == rule_tests.render(), "run `make generate`"
+
+
+def _recording_rules() -> list[dict[str, object]]:
+    doc = yaml.safe_load((PROM / "rules" / rules.RULES_FILE).read_text())
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+def _alerts() -> list[dict[str, object]]:
+    doc = yaml.safe_load((PROM / "rules" / "specwatch-alerts.yml").read_text())
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+def test_every_recording_rule_has_an_expression_test_and_a_comment():
+    tests = yaml.safe_load((PROM / "tests" / rule_tests.TESTS_FILE).read_text())["tests"]
+    tested = {re.sub(r"^round\((\S+), .*\)$", r"\1", case["expr"])
+              for t in tests for case in t["promql_expr_test"] if case["exp_samples"]}
+    records = {str(r["record"]) for r in _recording_rules()}
+    assert records - tested == set()
+    text = (PROM / "rules" / rules.RULES_FILE).read_text().splitlines()
+    for i, line in enumerate(text):
+        if line.strip().startswith("- record:"):
+            assert text[i - 1].strip().startswith("# "), f"no comment above {line.strip()}"
+    # level:metric:operations, no _total after rate()
+    for record in records:
+        assert re.fullmatch(r"[a-z_]+:[a-z_0-9]+:[a-z_0-9]+", record) and "_total" not in record, record
+
+
+def _minutes(text: str) -> int:
+    match = re.fullmatch(r"(\d+)m", text)
+    assert match, text
+    return int(match.group(1))
+
+
+def test_every_alert_has_cases_just_before_and_after_its_for_and_links_the_readme_runbook():
+    cases: dict[str, list[tuple[int, bool]]] = {}
+    for t in yaml.safe_load((PROM / "tests" / "alerts.test.yml").read_text())["tests"]:
+        for case in t.get("alert_rule_test", []):
+            cases.setdefault(case["alertname"], []).append((_minutes(case["eval_time"]), bool(case["exp_alerts"])))
+    readme_anchors = {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+                      for line in (REPO / "README.md").read_text().splitlines() if line.startswith("#")}
+    for alert in _alerts():
+        name = str(alert["alert"])
+        for_minutes = _minutes(str(alert["for"]))
+        quiet = [t for t, firing in cases.get(name, []) if not firing]
+        loud = [t for t, firing in cases.get(name, []) if firing]
+        assert quiet and loud, f"{name}: needs a case before its for: and one after"
+        # just before and just after: the closest pair is at most two evaluations (the group lag) apart
+        assert min(t1 - t0 for t0 in quiet for t1 in loud if t1 > t0) <= 2, name
+        assert max(loud) - min(quiet) >= 1 and for_minutes >= 1
+        labels = alert["labels"]
+        annotations = alert["annotations"]
+        assert isinstance(labels, dict) and labels["severity"] in ("warning", "critical"), name
+        assert isinstance(annotations, dict) and {"summary", "description", "runbook_url"} <= set(annotations)
+        anchor = str(annotations["runbook_url"]).rsplit("#", 1)[1]
+        assert anchor == name.lower() and anchor in readme_anchors, f"README has no runbook section for {name}"
+
+
+def _mutated(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    copy = tmp_path / "prometheus"
+    shutil.copytree(PROM, copy)
+    path = copy / "rules" / file
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+    return copy
+
+
+@pytest.mark.parametrize(("file", "old", "new"), [
+    # the denominator of the acceptance rate is draft tokens, not drafts
+    (rules.RULES_FILE, "variant:vllm_spec_decode_num_accepted_tokens:rate5m\n          /\n"
+                       "          (variant:vllm_spec_decode_num_draft_tokens:rate5m > 0)",
+     "variant:vllm_spec_decode_num_accepted_tokens:rate5m\n          /\n"
+     "          (variant:vllm_spec_decode_num_drafts:rate5m > 0)"),
+    # per position over drafts without ignoring(position) matches nothing
+    (rules.RULES_FILE, "/ ignoring (position) group_left ()", "/"),
+    # a sum over engines forgotten before dividing
+    (rules.RULES_FILE, "sum by (variant) (rate(vllm:spec_decode_num_drafts_total[1m]))",
+     "max by (variant) (rate(vllm:spec_decode_num_drafts_total[1m]))"),
+    # an alert that fires before its time
+    ("specwatch-alerts.yml", "for: 15m", "for: 5m"),
+    # an alert that ignores the reset-proof recorded ratio and reads lifetime totals
+    ("specwatch-alerts.yml", "variant:vllm_spec_decode_acceptance_rate:ratio_rate5m < 0.1",
+     "sum by (variant) (vllm:spec_decode_num_accepted_tokens_total) / sum by (variant) "
+     "(vllm:spec_decode_num_draft_tokens_total) < 0.1"),
+])
+def test_the_unit_tests_catch_a_broken_rule(promtool, tmp_path, file, old, new):
+    copy = _mutated(tmp_path, file, old, new)
+    result = run(promtool, "test", "rules", "tests/recording.test.yml", "tests/alerts.test.yml", cwd=copy)
+    assert result.returncode != 0 and "FAILED" in result.stdout + result.stderr, result.stdout[-2000:]
