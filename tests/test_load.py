@@ -6,7 +6,9 @@ import csv
 import json
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,81 @@ def test_sweep_shape_steps_through_levels_and_stops_by_itself(sim_ngram, data, t
     starts = sorted(json.loads(line)["start"] for line in results.read_text().splitlines())
     first, second = [s for s in starts if s < starts[0] + 2], [s for s in starts if s >= starts[0] + 2.2]
     assert first and second  # both levels ran
+
+
+class Stub(BaseHTTPRequestHandler):
+    """A chat stream with a pause after the first text chunk (task `slow`), or a 503 (task `busy`)."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as uvicorn / asyncio servers: each small chunk leaves when written
+    PAUSE_S = 0.4
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers["X-Specwatch-Task"] == "busy":
+            body = b'{"error": "overloaded"}'
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(data: object) -> None:
+            line = f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.flush()
+
+        def text(t: str) -> dict[str, object]:
+            return {"choices": [{"index": 0, "delta": {"content": t}}]}
+
+        send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        send(text("a"))  # ~100 bytes in all so far: a reader that waits for 1024 would stall here
+        time.sleep(self.PAUSE_S)
+        send(text("b"))
+        send(text("c"))
+        send({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+        send("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_ttft_stops_at_the_first_text_line_as_it_arrives_and_failures_carry_reasons(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "hi", "output_tokens": 3}\n')
+    results = tmp_path / "results.jsonl"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(REPO / "loadgen" / "locustfile.py"), "--headless",
+             "--only-summary", "-u", "2", "-r", "2", "--host", f"http://127.0.0.1:{server.server_port}",
+             "--workloads", f"slow={rows},busy={rows}", "--requests-per-task", "2", "--run-time", "30s",
+             "--csv", str(tmp_path / "locust"), "--results-file", str(results)],
+            capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    slow = [r for r in lines if r["task"] == "slow"]
+    busy = [r for r in lines if r["task"] == "busy"]
+    assert len(slow) == 2 and len(busy) == 2, done.stderr[-2000:]
+    for r in slow:
+        assert r["ok"] and r["completion_tokens"] == 3, r
+        assert r["ttft_s"] < Stub.PAUSE_S / 2, r  # clocked at "a", not when more bytes came in after the pause
+        assert r["tpot_s"] == pytest.approx(Stub.PAUSE_S / 2, rel=0.25), r  # ("c" - "a") / (3 - 1)
+        assert len(r["itl_s"]) == 2 and r["itl_s"][0] > Stub.PAUSE_S * 0.9, r
+    assert all(not r["ok"] and r["error"].startswith("HTTP 503") for r in busy), busy
+    with (tmp_path / "locust_failures.csv").open() as f:
+        failures = {(r["Method"], r["Name"]): r for r in csv.DictReader(f)}
+    assert "HTTP 503" in failures[("POST", "busy")]["Error"] and failures[("POST", "busy")]["Occurrences"] == "2"
+    with (tmp_path / "locust_stats.csv").open() as f:
+        stats = {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
+    assert {("TTFT", "slow"), ("TPOT", "slow"), ("ITL", "slow")} <= set(stats)
 
 
 def test_percentiles_and_sums_by_hand():

@@ -1,5 +1,8 @@
 """The Locust user: task-labelled streaming chat requests in a closed loop, per-request results recorded.
 
+The user is a `FastHttpUser` (geventhttpclient, Locust's lighter client than python-requests) and reads
+the stream line by line as it arrives; the target host is looked up before any user starts, so the first
+wave of C requests leaves within a few ms.
 Run it through `specwatch load`, or by hand: `locust -f loadgen/locustfile.py --host URL
 --workloads code=data/code.jsonl,chat=data/chat.jsonl` (the web UI shows the same options).
 Each user sends one request at a time with no wait (fixed concurrency = number of users),
@@ -12,15 +15,22 @@ as their own request types per task, and every request's result (timings, usage,
 import locust  # first: gevent patching
 import locust.stats
 
+import contextlib
 import itertools
 import json
+import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import gevent
-from locust import HttpUser, constant, events, task
+import gevent.socket
+from locust import FastHttpUser, constant, events, task
+from locust.contrib.fasthttp import FastResponse
 from locust.env import Environment
 from locust.exception import StopUser
 
@@ -94,7 +104,19 @@ def _start(environment: Environment, **_: Any) -> None:
     if not rows:
         raise SystemExit("--workloads: expected TASK=PATH.jsonl[,TASK=PATH.jsonl...]")
     PLAN = Plan(rows, options.requests_per_task, options.warmup)
+    _resolve(environment.host)
     RESULTS = open(options.results_file, "a", encoding="utf-8") if options.results_file else None  # noqa: SIM115
+
+
+def _resolve(host: str | None) -> None:
+    """Look the target up once before any user starts. The process's first lookup imports and starts gevent's
+    resolver (~50 ms here): inside the first request it would add to that TTFT and, since greenlets run one
+    at a time, hold back the rest of the first wave (and the closed loop keeps that stagger to the end)."""
+    url = urlsplit(host or "")
+    if url.hostname:
+        with contextlib.suppress(OSError, ValueError):
+            gevent.socket.getaddrinfo(url.hostname, url.port or (443 if url.scheme == "https" else 80), 0,
+                                      socket.SOCK_STREAM)
 
 
 @events.test_stop.add_listener
@@ -115,10 +137,22 @@ def _report(environment: Environment, kind: str, name: str, seconds: float) -> N
                                     response_length=0, exception=None, context={})
 
 
-class ChatUser(HttpUser):
+def _lines(response: FastResponse) -> Iterator[bytes]:
+    """The body line by line, each as soon as it is in: geventhttpclient's `readline(sep)` returns one line
+    from what the socket has delivered, whereas `iter_content` / `FastHttpSession.iter_lines` read 1024
+    bytes, i.e. wait for several SSE messages (and the public `readline` splits on CRLF, which SSE lacks)."""
+    raw = response._response
+    if raw is None:
+        return
+    while line := raw.readline(b"\n"):
+        yield line
+
+
+class ChatUser(FastHttpUser):
     """One request in flight at a time, no wait: a closed loop."""
 
     wait_time = constant(0)
+    network_timeout = 900.0  # a read may wait for a whole prefill queue on a slow server
 
     @task
     def send(self) -> None:
@@ -155,20 +189,22 @@ class ChatUser(HttpUser):
         started = time.perf_counter()
         first = last = None
         done = False
-        with self.client.post("/v1/chat/completions", json=body, headers={"X-Specwatch-Task": name},
-                              stream=True, catch_response=True, name=label) as response:
+        headers = {"X-Specwatch-Task": name, "Accept-Encoding": "identity"}  # SSE lines, never a gzip stream
+        with self.client.post("/v1/chat/completions", json=body, headers=headers, stream=True,
+                              catch_response=True, name=label) as response:
             try:
                 if response.status_code != 200:
-                    raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
-                for line in response.iter_lines():
+                    raise ValueError(f"HTTP {response.status_code}: {(response.text or '')[:200]}"
+                                     if response.status_code else f"no response: {getattr(response, 'error', None)!r}")
+                for line in _lines(response):
+                    now = time.perf_counter()  # on arrival, before parsing (as vllm bench stamps its messages)
                     if not line.startswith(b"data: "):
                         continue
-                    payload = line[6:]
-                    if payload == b"[DONE]":
+                    payload = line[6:].rstrip()
+                    if payload == b"[DONE]":  # read on to the end of the body: the connection goes back to the pool
                         done = True
-                        break
+                        continue
                     chunk = json.loads(payload)
-                    now = time.perf_counter()
                     choices = chunk.get("choices") or []
                     if any((c.get("delta") or {}).get("content") or c.get("text") for c in choices):
                         if first is None:
@@ -188,8 +224,8 @@ class ChatUser(HttpUser):
                     raise ValueError(f"ignore_eos: {result.completion_tokens} tokens, expected {max_tokens}")
                 response.success()
                 result.ok = True
-            except (ValueError, KeyError, TypeError) as exc:
-                result.error = str(exc)[:300]
+            except (ValueError, KeyError, TypeError, OSError, HTTPException) as exc:
+                result.error = (str(exc) or repr(exc))[:300]
                 response.failure(result.error)
         result.end = time.time()
         if first is not None:

@@ -2,8 +2,9 @@
 
 Latency percentiles are computed from every request's own samples (nearest rank); acceptance
 is summed first, then divided (D = 0 gives no value). TTFT is measured to the first chunk
-that carries text (the role chunk of chat streams carries none), TPOT per request as
-(last text chunk - first) / (completion tokens - 1), ITL between text chunks.
+that carries text (the role chunk of chat streams carries none), each chunk timed when its
+line arrives, before it is parsed; TPOT per request as (last text chunk - first) /
+(completion tokens - 1), ITL between text chunks.
 """
 
 from __future__ import annotations
