@@ -9,10 +9,16 @@ when done, waits until every process is idle again; a second direct target is an
 how much "added latency" is noise. Per request the client (aiohttp) measures TTFT (first chunk with
 non-empty content) and TPOT ((last content chunk - first content chunk) / (completion_tokens - 1));
 per proxy the CPU seconds of its process tree (/proc/PID/stat) give streamed chunks per CPU second.
-Writes bench/results/proxies.json and bench/results/proxies.md and prints the Markdown.
+Writes bench/results/<out-stem>.json and .md (default proxies) and prints the Markdown.
 
     .venv/bin/python bench/bench_proxies.py [--proxies exporter,nginx,vllm-router,litellm]
         [--concurrency 1,16,64] [--requests-per-level N] [--rounds 6] [--no-control] [--no-install] [--keep-logs]
+        [--client-cpu N] [--exporter-ref DIR] [--out-stem proxies]
+
+--client-cpu pins the client (this process) to CPU N and every process it starts to the other CPUs
+(`taskset`), so that the client's own CPU use does not land on the servers' cores. --exporter-ref adds
+a target `exporter-ref`: the exporter from another source tree (e.g. `git archive HEAD`), measured in
+the same rounds as the working tree's, for a before/after under the same conditions.
 
 vllm-router and LiteLLM are installed (pinned) into their own venvs under ~/.cache/specwatch/bench-envs/,
 nginx with apt-get when /usr/sbin/nginx is absent (as root); --no-install reports a missing one as
@@ -26,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import functools
 import importlib.metadata
 import json
 import os
@@ -215,6 +222,17 @@ def install_exporter(may_install: bool) -> str:
 def launch_exporter(workdir: Path, upstream: int, port: int) -> Launch:
     return Launch([sys.executable, "-m", "specwatch.cli", "exporter", "--upstream",
                    f"baseline=http://127.0.0.1:{upstream}", "--web.listen-address", f"127.0.0.1:{port}"], "/healthz")
+
+
+def install_exporter_ref(tree: Path, may_install: bool) -> str:
+    if not (tree / "specwatch" / "cli.py").is_file():
+        raise Unavailable(f"{tree} is not a specwatch source tree")
+    return f"specwatch source tree {tree}"
+
+
+def launch_exporter_ref(tree: Path, workdir: Path, upstream: int, port: int) -> Launch:
+    launch = launch_exporter(workdir, upstream, port)  # cwd and PYTHONPATH: `-m` imports from the tree
+    return Launch(launch.argv, launch.ready_path, env_shown={"PYTHONPATH": str(tree)}, cwd=tree)
 
 
 def nginx_binary() -> str | None:
@@ -530,11 +548,16 @@ def markdown(report: dict[str, Any]) -> str:
     out = [f"# Proxy overhead: latency added in front of `specwatch sim` ({report['generated']})", "",
            f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores, {report['machine']['os']}. "
            f"Upstream: `specwatch sim` at time scale 1; every request streams {MAX_TOKENS} tokens (ignore_eos). "
-           "Rounds rotate the order of the targets; all processes share the same cores, the client included.", "",
+           "Rounds rotate the order of the targets.", "",
            "Load from other processes on the machine (not the benchmark's) during the measured rounds, in % of a "
            "core: " + ", ".join(f"concurrency {c}: {fmt(v, 0)}" for c, v in report["other_load_pct"].items())
            + f"; load average {report['machine']['loadavg_start']} at the start, "
-           f"{report['machine']['loadavg_end']} at the end.", "",
+           f"{report['machine']['loadavg_end']} at the end. Busiest other processes just before measuring: "
+           + (", ".join(f"{n} {v:.0f} %" for n, v in report["other_processes_before"]) or "none above 1 %") + ".",
+           "",
+           (f"Client pinned to CPU {report['client_cpu']}, upstream and proxies to CPUs {report['server_cpus']} "
+            "(taskset)." if report["client_cpu"] is not None else "No CPU pinning: client, upstream and proxies "
+            "share all cores."), "",
            "## Latency (ms) at the client; added = proxy minus direct (difference of p50s, of p99s)", "",
            "| target | conc | ok/err | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | +TTFT p50 | +TTFT p99 "
            "| +TPOT p50 | +TPOT p99 |",
@@ -617,6 +640,34 @@ def idle_cpu_pct(pids: dict[str, int], seconds: float) -> dict[str, float]:
 # ---------------------------------------------------------------- main
 
 
+def other_processes_cpu(exclude: set[int], seconds: float) -> list[tuple[str, float]]:
+    """The busiest processes on the machine outside `exclude` (pids), in % of a core over `seconds`."""
+    def ticks() -> dict[int, tuple[str, int]]:
+        out = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and int(entry.name) not in exclude:
+                try:
+                    with open(f"/proc/{entry.name}/stat", "rb") as f:
+                        head, rest = f.read().rsplit(b")", 1)
+                except OSError:
+                    continue
+                fields = rest.split()
+                out[int(entry.name)] = (head.split(b"(", 1)[1].decode(errors="replace"),
+                                        int(fields[11]) + int(fields[12]))
+        return out
+
+    before = ticks()
+    time.sleep(seconds)
+    after = ticks()
+    busy = [(f"{name} ({pid})", 100 * (t - before[pid][1]) / CLK_TCK / seconds)
+            for pid, (name, t) in after.items() if pid in before]
+    return sorted((b for b in busy if b[1] >= 1.0), key=lambda b: -b[1])[:5]
+
+
+def pinned(argv: list[str], cpus: str | None) -> list[str]:
+    return ["taskset", "-c", cpus, *argv] if cpus else argv
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--proxies", default=",".join(PROXIES), help=f"comma-separated, of: {', '.join(PROXIES)}")
@@ -631,8 +682,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-control", action="store_true", help="skip the second (A/A) direct target")
     parser.add_argument("--no-install", action="store_true", help="report missing proxies instead of installing")
     parser.add_argument("--out-dir", type=Path, default=BENCH / "results")
+    parser.add_argument("--out-stem", default="proxies", help="file name of the results, without .json / .md")
+    parser.add_argument("--client-cpu", type=int, default=None,
+                        help="pin the client to this CPU and every started process to the other CPUs")
+    parser.add_argument("--exporter-ref", type=Path, default=None,
+                        help="also measure the exporter from this source tree, as target exporter-ref")
     args = parser.parse_args(argv)
     args.proxy_list = [p.strip() for p in args.proxies.split(",") if p.strip()]
+    if args.exporter_ref is not None:
+        tree = args.exporter_ref.resolve()
+        PROXIES["exporter-ref"] = Proxy("exporter-ref", f"specwatch exporter from {tree}",
+                                        functools.partial(install_exporter_ref, tree),
+                                        functools.partial(launch_exporter_ref, tree))
+        args.proxy_list.append("exporter-ref")
+    cpus = os.sched_getaffinity(0)
+    if args.client_cpu is not None and (args.client_cpu not in cpus or len(cpus) < 2):
+        parser.error(f"--client-cpu must be one of {sorted(cpus)}, and there must be another CPU for the servers")
+    args.server_cpus = ",".join(str(c) for c in sorted(cpus - {args.client_cpu})) \
+        if args.client_cpu is not None else None
     unknown = [p for p in args.proxy_list if p not in PROXIES]
     if unknown:
         parser.error(f"unknown proxies {unknown}; known: {', '.join(PROXIES)}")
@@ -673,8 +740,8 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_as_interrupt():
             up_port = free_port()
             sim_argv = [sys.executable, "-m", "specwatch.cli", "sim", *SIM_ARGS, "--port", str(up_port)]
-            commands["upstream"] = shlex.join(sim_argv)
-            sim = procs.start("sim", sim_argv)
+            commands["upstream"] = shlex.join(pinned(sim_argv, args.server_cpus))
+            sim = procs.start("sim", pinned(sim_argv, args.server_cpus))
             wait_ready(procs, "sim", sim, f"http://127.0.0.1:{up_port}/health", 60)
             targets = [Target("direct", f"http://127.0.0.1:{up_port}", None)]
             if not args.no_control:
@@ -690,8 +757,8 @@ def main(argv: list[str] | None = None) -> int:
                         launch.env_secret else None
                     commands[name] = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in launch.env_shown.items()),
                                                *(f"{k}=<random per run>" for k in launch.env_secret),
-                                               shlex.join(launch.argv)])
-                    proc = procs.start(name, launch.argv, env=env, cwd=launch.cwd)
+                                               shlex.join(pinned(launch.argv, args.server_cpus))])
+                    proc = procs.start(name, pinned(launch.argv, args.server_cpus), env=env, cwd=launch.cwd)
                     wait_ready(procs, name, proc, f"http://127.0.0.1:{port}{launch.ready_path}",
                                launch.ready_timeout_s, launch.headers)
                     targets.append(Target(name, f"http://127.0.0.1:{port}", proc.pid, launch.headers))
@@ -705,6 +772,14 @@ def main(argv: list[str] | None = None) -> int:
                 unavailable[name] = why
                 print(f"{name}: UNAVAILABLE: {why}", flush=True)
             targets = [t for t in targets if t.name not in unavailable]
+            ours = {os.getpid(), sim.pid, *(t.pid for t in targets if t.pid)}
+            others_before = other_processes_cpu(ours, 2.0)
+            print("other processes before measuring (% of a core): " + (", ".join(
+                f"{n} {v:.0f}" for n, v in others_before) or "none above 1"), flush=True)
+            if args.client_cpu is not None:
+                os.sched_setaffinity(0, {args.client_cpu})
+                commands["client"] = f"this process, pinned to CPU {args.client_cpu}; servers on CPUs " \
+                    f"{args.server_cpus}"
             idle = idle_cpu_pct({"sim": sim.pid, **{t.name: t.pid for t in targets if t.pid}}, IDLE_SECONDS)
             print("idle CPU (% of a core): " + ", ".join(f"{k} {v:.1f}" for k, v in idle.items()), flush=True)
 
@@ -742,16 +817,18 @@ def main(argv: list[str] | None = None) -> int:
                    "idle_seconds": IDLE_SECONDS},
         "target_order": [t.name for t in targets], "versions": versions, "commands": commands,
         "unavailable": unavailable, "idle_cpu_pct": idle, "results": results,
+        "other_processes_before": others_before, "client_cpu": args.client_cpu, "server_cpus": args.server_cpus,
         "samples": {c: {name: {"ttft_ms": [round(s.ttft_ms, 3) for s in cell.samples],
                                "tpot_ms": [round(s.tpot_ms, 3) for s in cell.samples]}
                         for name, cell in by_target.items()} for c, by_target in cells.items()},
     }
     text = markdown(report)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "proxies.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out_dir / "proxies.md").write_text(text)
+    stem = args.out_dir / args.out_stem
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(text)
     print(text)
-    print(f"written to {args.out_dir / 'proxies.json'} and {args.out_dir / 'proxies.md'}")
+    print(f"written to {stem}.json and {stem}.md")
     return 0
 
 

@@ -44,9 +44,9 @@ class RequestRecord:
     accounted: bool = False
     _itl: Any = None  # the ITL histogram child, looked up once per request (hot path)
 
-    def saw_tokens(self, text: str, now: float, metrics: ExporterMetrics) -> None:
-        """A streamed chunk carried text: record TTFT / ITL and hash the text."""
-        self.output.update(text.encode())
+    def saw_tokens(self, text: bytes, now: float, metrics: ExporterMetrics) -> None:
+        """A streamed chunk carried text (UTF-8, as `utf8()` encodes it): record TTFT / ITL and hash the text."""
+        self.output.update(text)
         if self.first_token is None:
             self.first_token = now
         else:
@@ -76,7 +76,7 @@ class RequestRecord:
             message = choice.get("message")
             text = message.get("content") if isinstance(message, dict) else choice.get("text")
             if isinstance(text, str):
-                self.output.update(text.encode())
+                self.output.update(utf8(text))
 
     def event(self) -> dict[str, Any]:
         usage = self.usage or {}
@@ -98,6 +98,11 @@ class RequestRecord:
         if self.first_token is None or self.last_token is None or not isinstance(tokens, int) or tokens < 2:
             return None
         return (self.last_token - self.first_token) / (tokens - 1)
+
+
+def utf8(text: str) -> bytes:
+    """Text as the output hash sees it; a lone surrogate (a JSON `\\ud800` escape) is kept, not an error."""
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _int(spec: dict[str, Any], key: str) -> int:

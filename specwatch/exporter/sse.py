@@ -1,17 +1,28 @@
-"""Server-sent events, incrementally: bytes in, complete events (with their exact bytes) out."""
+"""Server-sent events, incrementally: bytes in, complete events (with their exact bytes) out.
+
+`plain_text()` is the per-chunk fast path: it recognises, by a byte pattern, an ordinary streamed
+content chunk (one choice, no usage, no finish reason) and returns its text without a full JSON
+parse. It only answers where the pattern fixes what a full parse would say; anything else (the
+usage chunk, a finish chunk, tool calls, several choices, unusual spacing) returns None and is
+parsed in full by the caller.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
+import re
 from typing import Any
 
 
-@dataclass(frozen=True)
 class Event:
-    raw: bytes  # the event exactly as received, terminator included
-    data: bytes | None  # the joined `data:` payload, None for a comment-only event
+    """One event: `raw` exactly as received (terminator included), `data` its joined `data:` payload
+    (None for a comment-only event)."""
+
+    __slots__ = ("raw", "data")
+
+    def __init__(self, raw: bytes, data: bytes | None) -> None:
+        self.raw = raw
+        self.data = data
 
     def json(self) -> Any:
         """The payload as JSON; None for `[DONE]`, comments or anything unparsable."""
@@ -30,29 +41,90 @@ class SseSplitter:
         self._buffer = b""
         self.max_event_bytes = max_event_bytes
 
-    def feed(self, chunk: bytes) -> Iterator[Event]:
-        self._buffer += chunk
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet part of a complete event."""
+        return len(self._buffer)
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        buf = self._buffer + chunk if self._buffer else chunk
+        crlf = b"\r" in buf  # the CRLF CRLF search only where a CR can be
+        events: list[Event] = []
+        start = 0
         while True:
-            cut = _boundary(self._buffer)
+            lf = buf.find(b"\n\n", start)
+            cut = lf + 2 if lf >= 0 else -1
+            if crlf:
+                cr = buf.find(b"\r\n\r\n", start)
+                if cr >= 0 and (cut < 0 or cr + 4 < cut):
+                    cut = cr + 4
             if cut < 0:
-                if len(self._buffer) > self.max_event_bytes:  # not SSE as we know it: pass it on whole
-                    raw, self._buffer = self._buffer, b""
-                    yield Event(raw, None)
-                return
-            raw, self._buffer = self._buffer[:cut], self._buffer[cut:]
-            yield Event(raw, _data(raw))
+                break
+            raw = buf[start:cut] if start or cut != len(buf) else buf
+            events.append(Event(raw, _data(raw)))
+            start = cut
+        rest = buf[start:] if start else buf
+        if len(rest) > self.max_event_bytes:  # not SSE as we know it: pass it on whole
+            events.append(Event(rest, None))
+            rest = b""
+        self._buffer = rest
+        return events
 
-    def flush(self) -> Iterator[Event]:
-        if self._buffer:
-            raw, self._buffer = self._buffer, b""
-            yield Event(raw, _data(raw))
-
-
-def _boundary(buf: bytes) -> int:
-    candidates = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := buf.find(sep)) >= 0]
-    return min(candidates) if candidates else -1
+    def flush(self) -> list[Event]:
+        if not self._buffer:
+            return []
+        raw, self._buffer = self._buffer, b""
+        return [Event(raw, _data(raw))]
 
 
 def _data(raw: bytes) -> bytes | None:
+    if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2:  # one line and LF LF: the usual case
+        return raw[6:-2]
     lines = [line[5:].removeprefix(b" ") for line in raw.splitlines() if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
+
+
+# -- the fast path -------------------------------------------------------------------------------
+# Compact JSON only (vLLM's pydantic serialisation). Other strings: printable ASCII without escapes,
+# so the bytes are valid UTF-8 and equal the parsed value. The text: any JSON string (strict: no raw
+# control characters). Keys that decide anything (choices, usage; delta, text, finish_reason) may not
+# appear elsewhere, so a duplicate key cannot override what the pattern saw.
+_KEY = rb'[A-Za-z_][A-Za-z0-9_]*'
+_ASCII = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*"'
+_INT = rb'-?(?:0|[1-9][0-9]*)'
+_SCALAR = rb'(?:' + _ASCII + rb'|' + _INT + rb'|null|true|false)'
+_TEXT = rb'"([^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*)"'
+_TOP = rb'"(?!choices"|usage")' + _KEY + rb'":' + _SCALAR
+_CHOICE_KEY = rb'"(?!delta"|text"|finish_reason")' + _KEY + rb'"'
+_PLAIN = re.compile(
+    rb'\{(?:' + _TOP + rb',)*'
+    rb'"choices":\[\{(?:' + _CHOICE_KEY + rb':(?:' + _INT + rb'|null),)*'
+    rb'(?:"delta":\{(?:"role":"assistant",)?"content":' + _TEXT + rb'(?:,"(?!content")' + _KEY + rb'":null)*\}'
+    rb'|"text":' + _TEXT + rb')'
+    rb'(?:,(?:' + _CHOICE_KEY + rb'|"finish_reason"):null)*\}\]'
+    rb'(?:,' + _TOP + rb')*\}')
+
+
+def plain_text(data: bytes) -> bytes | None:
+    """The UTF-8 text of an ordinary content chunk (b"" for one without text), or None: parse it in full.
+
+    Where this returns bytes, `json.loads(data)` is an object without "usage" whose "choices" is a list
+    of one object with no truthy "finish_reason" and whose delta content (chat) or text (completion)
+    encodes to exactly these bytes.
+    """
+    match = _PLAIN.fullmatch(data)
+    if match is None:
+        return None
+    chat, completion = match.groups()
+    text: bytes = completion if chat is None else chat
+    if b"\\" in text:
+        try:
+            return str(json.loads(b'"' + text + b'"')).encode("utf-8", "surrogatepass")
+        except ValueError:  # not UTF-8 besides the escapes: the full parse fails too
+            return None
+    if not text.isascii():
+        try:
+            text.decode("utf-8", "surrogatepass")  # what json.loads accepts; else the full parse decides
+        except UnicodeDecodeError:
+            return None
+    return text

@@ -1,0 +1,258 @@
+"""The tap's per-chunk fast path: the byte pattern agrees with a full JSON parse, and over HTTP nothing changes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from aiohttp import web
+
+from specwatch.exporter.accounting import utf8
+from specwatch.exporter.sse import SseSplitter, _data, plain_text
+from specwatch.exporter.tap import _stamp_fingerprint
+from specwatch.net import free_port
+from tests.conftest import Service
+from tests.test_exporter import value
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
+TRICKY = ['"usage"', '"usage":{"prompt_tokens":1}', ',"usage":null}', '"finish_reason":"stop"', "finish_reason",
+          '}]}', '"choices":[]', "\\", '\\"', '"', "\n", "\r\n\r\n", "data: [DONE]\n\n", "\t", "è", "ès", "日本",
+          "🙂", "\u2028", "\x00", "\x1f", "\ud800", "a\\u0041", "}", "{", "null", " ", "\\n\\n"]
+
+
+def reference(data: bytes) -> bytes | None:
+    """What the slow path decides: the text (b"" for none) of a chunk that needs nothing more, else None."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or "usage" in obj or not isinstance(obj.get("choices"), list):
+        return None
+    choices = obj["choices"]
+    if len(choices) != 1 or not isinstance(choices[0], dict) or choices[0].get("finish_reason"):
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return utf8(text) if isinstance(text, str) else None
+
+
+def agrees(data: bytes) -> bool:
+    """The fast path may decline anything, but what it accepts the full parse must say too."""
+    fast = plain_text(data)
+    return fast is None or fast == reference(data)
+
+
+def fixture_payloads() -> Iterator[tuple[str, bytes]]:
+    for path in sorted(FIXTURES.glob("*/*.response")):
+        splitter = SseSplitter()
+        for event in [*splitter.feed(path.read_bytes()), *splitter.flush()]:
+            if event.data is not None and event.data.startswith(b"{"):
+                yield f"{path.parent.name}/{path.name}", event.data
+
+
+def compact(obj: Any, ascii_only: bool = False) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+
+
+def with_content(data: bytes, text: str, ascii_only: bool = False) -> bytes:
+    obj = json.loads(data)
+    choice = obj["choices"][0]
+    if "delta" in choice:
+        choice["delta"]["content"] = text
+    else:
+        choice["text"] = text
+    return compact(obj, ascii_only)
+
+
+def test_fast_path_agrees_with_a_full_parse_on_every_captured_chunk():
+    payloads = list(fixture_payloads())
+    assert len(payloads) > 500
+    declined = []
+    for name, data in payloads:
+        assert agrees(data), (name, data)
+        if plain_text(data) is None:
+            declined.append((name, data))
+        elif reference(data) is None:
+            raise AssertionError((name, data))
+    # only the chunks that matter are parsed in full: finish chunks and the usage / metrics chunk
+    for name, data in declined:
+        obj = json.loads(data)
+        assert "usage" in obj or any(c.get("finish_reason") for c in obj["choices"]), (name, data)
+    assert len(declined) < len(payloads) / 10
+
+
+@pytest.mark.parametrize("ascii_only", [False, True])
+def test_tricky_content_is_read_exactly_or_left_to_the_full_parse(ascii_only):
+    content = next(d for n, d in fixture_payloads() if n.endswith("chat_stream_usage.response") and
+                   b'"content":"' in d and b'"finish_reason":null' in d and b'"role"' not in d)
+    completion = next(d for n, d in fixture_payloads() if n.endswith("completion_stream_usage.response") and
+                      b'"finish_reason":null' in d)
+    for template in (content, completion):
+        for text in [*TRICKY, "".join(TRICKY), "x" * 5000]:
+            data = with_content(template, text, ascii_only)
+            assert agrees(data), data
+            if "\ud800" not in text:  # no lone surrogate: what vLLM sends, so it must take the fast path
+                assert plain_text(data) == text.encode(), data
+
+
+@pytest.mark.parametrize("data", [
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"usage":null}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"usage":{"total_tokens":3}}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"choices":[]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null,"delta":null}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null,"finish_reason":"stop"}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a","tool_calls":[]},"finish_reason":null}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[]},"finish_reason":null}]}',
+    b'{"id":"x", "choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"\xff"},"finish_reason":null}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a\x01"},"finish_reason":null}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a\\x"},"finish_reason":null}]}',
+    b'{"id":"\xc3\xa8","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":null},"finish_reason":null}]}',
+    b'{"id":"x","choices":[{"index":0,"text":"a","delta":{"content":"b"},"finish_reason":null}]}',
+])
+def test_chunks_that_matter_or_are_unusual_take_the_full_parse(data: bytes) -> None:
+    assert plain_text(data) is None
+
+
+def test_fast_path_never_disagrees_on_mutated_chunks():
+    rng = random.Random(4)
+    payloads = [d for _, d in fixture_payloads()]
+    alphabet = b'"\\{}[],:0123456789abnlu \xc3\xa8\xff\n'
+    accepted = 0
+    for _ in range(20000):
+        data = bytearray(rng.choice(payloads))
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(data))
+            op = rng.randrange(3)
+            if op == 0:
+                data[at] = rng.choice(alphabet)
+            elif op == 1:
+                data.insert(at, rng.choice(alphabet))
+            else:
+                del data[at]
+        mutated = bytes(data)
+        assert agrees(mutated), mutated
+        accepted += plain_text(mutated) is not None
+    assert accepted > 1000  # the test did exercise the fast path's acceptance, not only its refusals
+
+
+def test_single_line_data_shortcut_equals_the_general_rule():
+    for raw in (b"data: {}\n\n", b"data:{}\n\n", b"data: a\ndata: b\n\n", b": c\n\n", b"data: x\r\n\r\n",
+                b"event: e\ndata: y\n\n", b"data: \n\n", b"data:  two spaces\n\n"):
+        lines = [line[5:].removeprefix(b" ") for line in raw.splitlines() if line.startswith(b"data:")]
+        assert _data(raw) == (b"\n".join(lines) if lines else None), raw
+
+
+def test_splitter_gives_the_same_events_however_the_bytes_arrive():
+    stream = (FIXTURES / "ngram" / "chat_stream_usage.response").read_bytes()
+    whole = [(e.raw, e.data) for e in SseSplitter().feed(stream)]
+    assert b"".join(raw for raw, _ in whole) == stream
+    for size in (1, 7, 64, 300, 4096):
+        splitter = SseSplitter()
+        events = [(e.raw, e.data) for i in range(0, len(stream), size) for e in splitter.feed(stream[i:i + size])]
+        assert events + [(e.raw, e.data) for e in splitter.flush()] == whole
+
+
+# -- over HTTP: a scripted upstream whose content is full of the words the fast path looks for ----------
+
+def tricky_stream() -> tuple[bytes, list[str], dict[str, Any]]:
+    """The captured ngram chat stream with tricky content: (its bytes, the text pieces, the usage chunk)."""
+    stream = (FIXTURES / "ngram" / "chat_stream_usage.response").read_bytes()
+    out, text = [], []
+    final: dict[str, Any] = {}
+    for i, event in enumerate(SseSplitter().feed(stream)):
+        data = event.data
+        obj = json.loads(data) if data and data.startswith(b"{") else None
+        if obj and obj["choices"] and obj["choices"][0]["delta"].get("content"):
+            piece = TRICKY[i % len(TRICKY)].replace("\ud800", "?")
+            obj["choices"][0]["delta"]["content"] = piece
+            text.append(piece)
+            data = compact(obj, ascii_only=i % 3 == 0)
+        elif obj and "usage" in obj:
+            final = obj
+        out.append(event.raw if data is None else b"data: " + data + b"\n\n")
+    return b"".join(out), text, final
+
+
+@pytest.fixture(scope="module")
+def scripted() -> Iterator[tuple[str, bytes]]:
+    body, _, _ = tricky_stream()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        rng = random.Random(len(await request.read()))
+        at = 0
+        while at < len(body):  # odd pieces, some across event boundaries, some with a pause
+            size = rng.choice((1, 5, 37, 200, 700))
+            await resp.write(body[at:at + size])
+            at += size
+            if rng.random() < 0.2:
+                await asyncio.sleep(0.001)
+        await resp.write_eof()
+        return resp
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}", body
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def test_tricky_content_over_http_is_relayed_byte_identical_and_counted_exactly(
+        service_factory: Callable[[str, list[str]], Service], scripted: tuple[str, bytes], tmp_path: Path) -> None:
+    url, body = scripted
+    _, pieces, final = tricky_stream()
+    log = tmp_path / "events.jsonl"
+    tap = service_factory("exporter", ["--upstream", f"baseline={url}", "--event-log", str(log)])
+    request = {"model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    asked = requests.post(tap.url + "/v1/chat/completions", timeout=30, headers={"X-Specwatch-Task": "code"},
+                          json={**request, "stream_options": {"include_usage": True}})
+    assert asked.status_code == 200 and asked.content == body
+    stripped = requests.post(tap.url + "/v1/chat/completions", json=request, timeout=30,
+                             headers={"X-Specwatch-Task": "code"})
+    events = [e.raw for e in SseSplitter().feed(body)]
+    usage_at = next(i for i, raw in enumerate(events) if b'"usage"' in raw and b'"choices":[]' in raw)
+    expected = events[:usage_at - 1] + [_stamp_fingerprint(events[usage_at - 1], final["system_fingerprint"])] + \
+        events[usage_at + 1:]
+    assert stripped.content == b"".join(expected)
+    spec = final["metrics"]["speculative_decoding"]
+    usage = final["usage"]
+    token_chunks = len(pieces)
+    for name, want in (("specwatch_requests_total", 2), ("specwatch_completion_tokens_total",
+                                                         2 * usage["completion_tokens"]),
+                       ("specwatch_prompt_tokens_total", 2 * usage["prompt_tokens"]),
+                       ("specwatch_accepted_tokens_total", 2 * spec["num_accepted_draft_tokens"]),
+                       ("specwatch_draft_tokens_total", 2 * spec["num_draft_tokens"]),
+                       ("specwatch_spec_steps_total", 2 * spec["num_spec_steps"]),
+                       ("specwatch_ttft_seconds_count", 2), ("specwatch_itl_seconds_count", 2 * (token_chunks - 1))):
+        assert value(tap.url, name, task="code") == want, name
+    assert value(tap.url, "specwatch_requests_total", outcome="ok") == 2
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["output_sha256"] for line in lines] == [hashlib.sha256("".join(pieces).encode()).hexdigest()] * 2
+    assert [line["finish_reasons"] for line in lines] == [["length"], ["length"]]
