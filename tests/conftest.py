@@ -15,6 +15,7 @@ import requests
 from specwatch.config import Home, resolve_home
 from specwatch.models import build as models
 from specwatch.net import free_port
+from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.vllm_cpu.server import NGRAM_CONFIG, VllmServer, serve_argv
 from specwatch.vllm_cpu.setup import is_installed
 
@@ -113,3 +114,18 @@ def sim_ngram(sim_factory: Callable[[list[str]], SimServer]) -> SimServer:
 def sim_baseline(sim_factory: Callable[[list[str]], SimServer]) -> SimServer:
     return sim_factory(["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
                         "--max-num-seqs", "16", "--seed", "42", "--sim-time-scale", "0.02"])
+
+
+@pytest.fixture(scope="session")
+def prometheus_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Targets], PrometheusServer]]:
+    """The Debian Prometheus on the repository's configuration and the given targets, stopped at the end."""
+    started: list[PrometheusServer] = []
+
+    def start(targets: Targets) -> PrometheusServer:
+        server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets, free_port()).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
