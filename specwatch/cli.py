@@ -82,7 +82,45 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--url", help="use this running server instead of starting the real vLLM")
     d.add_argument("--out", type=Path, help="run folder (default <home>/runs/demo-<time>)")
     d.add_argument("--json", action="store_true", help="print the per-task result as JSON too")
+    s = verbs.add_parser("snapshot", help="an exact snapshot of a /metrics endpoint (vLLM's or the exporter's)")
+    s.add_argument("url", help="the server or exporter base URL (or its /metrics URL)")
+    s.add_argument("--out", type=Path, required=True, help="file to write")
+    s = verbs.add_parser("diff", help="the difference of two snapshots: C, D, R and the acceptance figures")
+    s.add_argument("before", type=Path)
+    s.add_argument("after", type=Path)
+    s.add_argument("--json", action="store_true", help="JSON instead of a table")
     return p
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specwatch import snapshot
+    from specwatch.vllm_metrics import CounterResetError
+
+    try:
+        d = snapshot.diff(snapshot.read(args.before), snapshot.read(args.after))
+    except CounterResetError as exc:
+        print(f"specwatch diff: {exc}", file=sys.stderr)
+        return EXIT_CHECK
+    if args.json:
+        print(json.dumps(d.as_dict(), indent=2))
+        return EXIT_OK
+    table = Table(title=f"{d.url}, {d.seconds:.1f} s apart: summed first, then divided")
+    for col in ("variant", "task", "C", "D", "R", "C/D", "1+C/R", "per position (/R)", "histogram 0..k"):
+        table.add_column(col)
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4g}"
+
+    rows = ([("server", "all", d.server)] if d.server else []) + [(v, t, f) for (v, t), f in d.by_task.items()]
+    for variant, task, f in rows:
+        table.add_row(variant, task, fmt(f.accepted), fmt(f.draft_tokens), fmt(f.steps), fmt(f.acceptance_rate),
+                      fmt(f.mean_acceptance_length), " ".join(f"{r:.3f}" for r in f.per_position_rate),
+                      " ".join(f"{h:g}" for h in f.histogram))
+    Console().print(table if rows else "no spec-decode counters in these snapshots")
+    return EXIT_OK
 
 
 def _serve(home: Home, args: argparse.Namespace) -> int:
@@ -186,6 +224,14 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({t: a.as_dict() for t, a in report.per_task.items()}))
         return EXIT_OK if report.ok else EXIT_CHECK
+    if args.verb == "snapshot":
+        from specwatch import snapshot
+        snap = snapshot.take(args.url)
+        snapshot.write(snap, args.out)
+        print(f"{args.out}: {snap.url} at {time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(snap.taken_at))}")
+        return EXIT_OK
+    if args.verb == "diff":
+        return _diff(args)
     raise AssertionError(args.verb)
 
 
