@@ -82,6 +82,26 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--url", help="use this running server instead of starting the real vLLM")
     d.add_argument("--out", type=Path, help="run folder (default <home>/runs/demo-<time>)")
     d.add_argument("--json", action="store_true", help="print the per-task result as JSON too")
+    u = verbs.add_parser("up", help="the stack on loopback without Docker: servers, exporter, Prometheus, Locust",
+                         description="Starts two servers (baseline and an n-gram candidate), the exporter, Prometheus "
+                                     "and Locust's web UI (Grafana too when a `grafana` binary is on PATH and "
+                                     "GRAFANA_ADMIN_PASSWORD is set); Ctrl+C stops everything. --headless runs one "
+                                     "labelled load through the exporter, prints per-task acceptance, then stops.")
+    u.add_argument("--backend", choices=["vllm-cpu", "sim", "urls"], default="vllm-cpu",
+                   help="real vLLM CPU servers with SmolLM2 (default), simulators, or --url servers")
+    u.add_argument("--url", action="append", default=[], metavar="VARIANT=URL",
+                   help="with --backend urls: baseline=URL and candidate=URL")
+    u.add_argument("--headless", action="store_true", help="one labelled load, a summary, then stop")
+    u.add_argument("--requests", type=int, default=4, help="headless: measured requests per task")
+    u.add_argument("--concurrency", type=int, default=2)
+    u.add_argument("--max-tokens", type=int, default=64)
+    u.add_argument("--split", type=int, default=50, help="percent of requests sent to the candidate")
+    u.add_argument("--duration", type=float, help="web UI mode: stop after this many seconds")
+    u.add_argument("--free-ports", action="store_true",
+                   help="pick free loopback ports instead of 8000/8001, 9400, 9090, 8089, 3000")
+    u.add_argument("--sim-time-scale", type=float, default=1.0)
+    u.add_argument("--out", type=Path, help="run folder (default <home>/runs/up-<time>)")
+
     s = verbs.add_parser("snapshot", help="an exact snapshot of a /metrics endpoint (vLLM's or the exporter's)")
     s.add_argument("url", help="the server or exporter base URL (or its /metrics URL)")
     s.add_argument("--out", type=Path, required=True, help="file to write")
@@ -120,6 +140,33 @@ def _diff(args: argparse.Namespace) -> int:
                       fmt(f.mean_acceptance_length), " ".join(f"{r:.3f}" for r in f.per_position_rate),
                       " ".join(f"{h:g}" for h in f.histogram))
     Console().print(table if rows else "no spec-decode counters in these snapshots")
+    return EXIT_OK
+
+
+def _up(home: Home, args: argparse.Namespace) -> int:
+    from specwatch.stack.processes import StackError
+    from specwatch.stack.up import Ports, StackConfig, free_ports, run
+
+    urls = {}
+    for item in args.url:
+        name, sep, url = item.partition("=")
+        if not sep:
+            print(f"specwatch up: --url {item!r}: expected VARIANT=URL", file=sys.stderr)
+            return EXIT_USAGE
+        urls[name] = url
+    try:
+        cfg = StackConfig(home, args.out or home.runs / time.strftime("up-%Y%m%d-%H%M%S"), args.backend, urls,
+                          free_ports() if args.free_ports else Ports(), args.split, args.headless, args.requests,
+                          args.concurrency, args.max_tokens, args.duration, args.sim_time_scale,
+                          os.environ.get("GRAFANA_ADMIN_PASSWORD"))
+    except ValueError as exc:
+        print(f"specwatch up: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        run(cfg)
+    except StackError as exc:
+        print(f"specwatch up: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 
@@ -224,6 +271,8 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({t: a.as_dict() for t, a in report.per_task.items()}))
         return EXIT_OK if report.ok else EXIT_CHECK
+    if args.verb == "up":
+        return _up(home, args)
     if args.verb == "snapshot":
         from specwatch import snapshot
         snap = snapshot.take(args.url)

@@ -53,42 +53,6 @@ def delta(before: Snapshot, after: Snapshot, name: str, **labels: str) -> float:
     return total(after, name, **labels) - total(before, name, **labels)
 
 
-def wait_scraped(prom: PrometheusServer, expr: str, expected: float, timeout: float = 60) -> float:
-    """Wait until Prometheus's latest sample of sum(expr) equals `expected`; its scrape time."""
-    deadline = time.monotonic() + timeout
-    seen = None
-    while time.monotonic() < deadline:
-        got = prom.values(f"sum({expr})")
-        seen = next(iter(got.values()), None)
-        if seen == expected:
-            return max(prom.values(f"timestamp({expr})").values())
-        time.sleep(0.5)
-    raise AssertionError(f"Prometheus has {expr} = {seen}, the target {expected}, after {timeout:.0f} s")
-
-
-def wait_evaluated(prom: PrometheusServer, after_ts: float, *records: str, timeout: float = 30) -> None:
-    """Wait until each record's group has evaluated after `after_ts` (groups run at their own phases)."""
-    deadline = time.monotonic() + timeout
-    for record in records:
-        while True:
-            stamps = prom.values(f"timestamp({record})")
-            if stamps and min(stamps.values()) >= after_ts:
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{record} not evaluated after the last scrape within {timeout:.0f} s")
-            time.sleep(0.5)
-
-
-def wait_up(prom: PrometheusServer, count: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        up = prom.values("up")
-        if len(up) == count and all(v == 1 for v in up.values()):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"targets not all up: {prom.active_targets()}")
-
-
 def one(values: dict[tuple[tuple[str, str], ...], float], **labels: str) -> float:
     matching = [v for k, v in values.items() if all((a, b) in k for a, b in labels.items())]
     assert len(matching) == 1, (labels, values)
@@ -143,7 +107,7 @@ def test_recorded_acceptance_equals_exact_snapshot_differences_on_the_simulator(
     tap = service_factory("exporter", ["--upstream", f"baseline={baseline.url}",
                                        "--upstream", f"candidate={candidate.url}", "--split", "candidate=50"])
     prom = prometheus_factory(Targets({"baseline": baseline.url, "candidate": candidate.url}, (tap.url,)))
-    wait_up(prom, 3)
+    prom.wait_until_up(3)
     start = time.monotonic()
     server_before, tap_before = snapshot(candidate.url), snapshot(tap.url)
     run_load(tap, data, tmp_path / "load", "--concurrency", "4", "--requests", "16", "--warmup", "1",
@@ -153,11 +117,11 @@ def test_recorded_acceptance_equals_exact_snapshot_differences_on_the_simulator(
     assert delta(tap_before, tap_after, "specwatch_spec_steps_total", variant="candidate") == \
         delta(server_before, server_after, "vllm:spec_decode_num_drafts_total")
     last = max(
-        wait_scraped(prom, 'vllm:spec_decode_num_accepted_tokens_total{variant="candidate"}',
+        prom.wait_for_sum('vllm:spec_decode_num_accepted_tokens_total{variant="candidate"}',
                      total(server_after, "vllm:spec_decode_num_accepted_tokens_total")),
-        wait_scraped(prom, "specwatch_accepted_tokens_total",
+        prom.wait_for_sum("specwatch_accepted_tokens_total",
                      total(tap_after, "specwatch_accepted_tokens_total")))
-    wait_evaluated(prom, last, *(f"{r}:ratio_rate{w}" for w in ("1m", "5m") for r in (
+    prom.wait_evaluated(last, *(f"{r}:ratio_rate{w}" for w in ("1m", "5m") for r in (
         "variant_task:specwatch_acceptance_rate", "variant:vllm_spec_decode_acceptance_rate")))
     assert time.monotonic() - start < 55, "the load outlasted the 1m window; the fast rules cannot be compared"
     for window in ("1m", "5m"):
@@ -180,7 +144,7 @@ def test_recorded_acceptance_equals_exact_snapshot_differences_on_the_real_serve
         prometheus_factory: Callable[[Targets], PrometheusServer], data: Path, tmp_path: Path) -> None:
     tap = service_factory("exporter", ["--upstream", f"candidate={ngram_server.url}"])
     prom = prometheus_factory(Targets({"candidate": ngram_server.url}, (tap.url,)))
-    wait_up(prom, 2)
+    prom.wait_until_up(2)
     server_before, tap_before = settled(ngram_server.url), snapshot(tap.url)
     run_load(tap, data, tmp_path / "load", "--concurrency", "2", "--requests", "3", "--warmup", "0",
              "--max-tokens", "48")
@@ -188,10 +152,10 @@ def test_recorded_acceptance_equals_exact_snapshot_differences_on_the_real_serve
     assert delta(tap_before, tap_after, "specwatch_spec_steps_total") == \
         delta(server_before, server_after, "vllm:spec_decode_num_drafts_total")
     last = max(
-        wait_scraped(prom, "vllm:spec_decode_num_accepted_tokens_total",
+        prom.wait_for_sum("vllm:spec_decode_num_accepted_tokens_total",
                      total(server_after, "vllm:spec_decode_num_accepted_tokens_total")),
-        wait_scraped(prom, "specwatch_accepted_tokens_total", total(tap_after, "specwatch_accepted_tokens_total")))
-    wait_evaluated(prom, last, "variant_task:specwatch_acceptance_rate:ratio_rate5m",
+        prom.wait_for_sum("specwatch_accepted_tokens_total", total(tap_after, "specwatch_accepted_tokens_total")))
+    prom.wait_evaluated(last, "variant_task:specwatch_acceptance_rate:ratio_rate5m",
                    "variant:vllm_spec_decode_acceptance_rate:ratio_rate5m")
     check_server_side(prom, "candidate", server_before, server_after, "5m")
     check_per_task(prom, "candidate", tap_before, tap_after, "5m")

@@ -33,7 +33,8 @@ def send(url: str, task: str, n: int) -> Acceptance:
 
 
 def test_diff_equals_the_summed_per_request_fields_on_server_and_exporter(
-        service_factory: Callable[[str, list[str]], Service], tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+        service_factory: Callable[[str, list[str]], Service], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     sim = service_factory("sim", NGRAM_SIM_ARGS)
     tap = service_factory("exporter", ["--upstream", f"candidate={sim.url}"])
     assert cli.main(["snapshot", sim.url, "--out", str(tmp_path / "server-0.prom")]) == cli.EXIT_OK
@@ -80,7 +81,8 @@ def _sim_on(port: int, log: Path) -> subprocess.Popen[bytes]:
     raise AssertionError(log.read_text())
 
 
-def test_a_restart_between_snapshots_is_an_error_not_a_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_a_restart_between_snapshots_is_an_error_not_a_number(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     first = _sim_on(port, tmp_path / "sim.log")
@@ -106,7 +108,7 @@ def test_a_restart_between_snapshots_is_an_error_not_a_number(tmp_path: Path, ca
     assert "restarted" in capsys.readouterr().err
 
 
-def test_a_counter_that_went_down_is_caught_even_without_created_samples(tmp_path: Path):
+def test_a_counter_that_went_down_is_caught_even_without_created_samples(tmp_path: Path) -> None:
     text = "# TYPE vllm:spec_decode_num_drafts_total counter\nvllm:spec_decode_num_drafts_total{engine=\"0\"} {}\n"
     before = snapshot.Snapshot("http://x/metrics", 1.0, text.replace("{}", "10.0"))
     after = snapshot.Snapshot("http://x/metrics", 2.0, text.replace("{}", "3.0"))

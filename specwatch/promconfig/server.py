@@ -129,6 +129,40 @@ class PrometheusServer:
         return {tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__")): float(s["value"][1])
                 for s in self.query(expr, at)}
 
+    def wait_until_up(self, count: int, timeout: float = 60) -> None:
+        """Until `count` targets have been scraped and all answered (`up` == 1)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            up = self.values("up")
+            if len(up) == count and all(v == 1 for v in up.values()):
+                return
+            time.sleep(0.5)
+        raise PrometheusError(f"targets not all up after {timeout:.0f} s: "
+                              f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in self.active_targets()]}")
+
+    def wait_for_sum(self, expr: str, expected: float, timeout: float = 60) -> float:
+        """Until the latest samples of `expr` sum to `expected`; returns the newest sample's scrape time."""
+        deadline = time.monotonic() + timeout
+        seen = None
+        while time.monotonic() < deadline:
+            seen = next(iter(self.values(f"sum({expr})").values()), None)
+            if seen == expected:
+                return max(self.values(f"timestamp({expr})").values())
+            time.sleep(0.5)
+        raise PrometheusError(f"Prometheus has sum({expr}) = {seen}, expected {expected}, after {timeout:.0f} s")
+
+    def wait_evaluated(self, after: float, *records: str, timeout: float = 30) -> None:
+        """Until each record's rule group has evaluated after time `after` (groups run at their own phases)."""
+        deadline = time.monotonic() + timeout
+        for record in records:
+            while True:
+                stamps = self.values(f"timestamp({record})")
+                if stamps and min(stamps.values()) >= after:
+                    break
+                if time.monotonic() > deadline:
+                    raise PrometheusError(f"{record} not evaluated after {after:.3f} within {timeout:.0f} s")
+                time.sleep(0.5)
+
     def active_targets(self) -> list[dict[str, Any]]:
         resp = requests.get(self.url + "/api/v1/targets", params={"state": "active"}, timeout=10)
         targets: list[dict[str, Any]] = resp.json()["data"]["activeTargets"]

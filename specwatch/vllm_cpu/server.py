@@ -123,6 +123,11 @@ class VllmServer:
     def command(self) -> list[str]:
         return [str(self.home.vllm_python), str(ENTRY), "serve", *self.args]
 
+    @property
+    def pid(self) -> int | None:
+        """The process group leader while running."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self, timeout: float = 300.0) -> VllmServer:
         if not self.home.vllm_python.exists():
             raise ServerError(

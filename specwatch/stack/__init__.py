@@ -1,0 +1,1 @@
+"""The local stack (`specwatch up`): the compose services as loopback processes."""

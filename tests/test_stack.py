@@ -1,0 +1,88 @@
+"""`specwatch up` with simulators: healthy parts, a labelled load, and nothing left behind when it stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+
+from specwatch import cli
+
+
+def port_free(url: str) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", urlsplit(url).port or 0))
+            return True
+        except OSError:
+            return False
+
+
+def alive(run: Path) -> list[str]:
+    """The stack's recorded process groups that still have a member."""
+    pids = json.loads((run / "processes.json").read_text())
+    out = []
+    for name, pid in pids.items():
+        try:
+            os.killpg(pid, 0)
+            out.append(name)
+        except ProcessLookupError:
+            pass
+    return out
+
+
+def test_headless_up_runs_a_labelled_load_and_stops_everything(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code = cli.main(["up", "--backend", "sim", "--headless", "--free-ports", "--sim-time-scale", "0.05",
+                     "--requests", "3", "--concurrency", "2", "--max-tokens", "32", "--out", str(out)])
+    assert code == cli.EXIT_OK
+    summary = json.loads((out / "stack-summary.json").read_text())
+    rows = {(r["variant"], r["task"]): r for r in summary["by_task"]}
+    for task in ("code", "chat"):
+        row = rows[("candidate", task)]
+        assert row["D"] > 0 and row["acceptance_rate"] == row["C"] / row["D"]
+        assert row["prometheus_acceptance_rate"] == pytest.approx(row["acceptance_rate"], rel=1e-9)
+        assert rows[("baseline", task)]["D"] == 0  # the baseline does not speculate
+        assert summary["load"][task]["requests"] == 3 and summary["load"][task]["failures"] == 0
+    for url in (*summary["servers"].values(), summary["exporter"], summary["prometheus"]):
+        assert port_free(url), url
+    assert alive(out) == []
+    assert (out / "exporter.log").exists() and (out / "prometheus" / "prometheus.log").exists()
+
+
+def test_web_mode_serves_locust_and_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "specwatch.cli", "up", "--backend", "sim", "--free-ports",
+                             "--sim-time-scale", "0.05", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "the stack is up" in line or not line:
+                break
+        urls = {line.split()[1]: next(t for t in line.split() if t.startswith("http"))
+                for line in lines if line.startswith("up ")}
+        assert "the stack is up" in lines[-1], "".join(lines)
+        assert requests.get(urls["locust"] + "/", timeout=5).status_code == 200
+        assert requests.get(urls["exporter"] + "/healthz", timeout=5).status_code == 200
+        assert sorted(alive(out)) == ["exporter", "locust", "prometheus", "sim baseline", "sim candidate"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, rest
+    assert "stopping the stack" in rest
+    assert alive(out) == []
+    assert all(port_free(url) for url in urls.values())
