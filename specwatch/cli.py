@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="zh: the article's exact prompts (default); en: their English translation, for "
                         "English-only models such as SmolLM2")
 
+    from specwatch.experiment.cli import add_arguments as experiment_arguments
+    experiment_arguments(verbs.add_parser(
+        "experiment", help="run a study plan: each variant's server in turn, acceptance and Locust passes"))
+
     d = verbs.add_parser("demo", help="the main job: real vLLM on CPU, n-gram, per-task acceptance")
     d.add_argument("--rows", type=int, default=8, help="rows per task (default 8)")
     d.add_argument("--concurrency", type=int, default=4)
@@ -101,6 +105,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="pick free loopback ports instead of 8000/8001, 9400, 9090, 8089, 3000")
     u.add_argument("--sim-time-scale", type=float, default=1.0)
     u.add_argument("--out", type=Path, help="run folder (default <home>/runs/up-<time>)")
+
+    r = verbs.add_parser("report", help="Markdown + HTML report with plots and a go / no-go for an experiment")
+    r.add_argument("results", type=Path, help="results/<run-id> written by `specwatch experiment`")
+    r.add_argument("--baseline", help="the reference variant (default: `baseline`, else the first without a "
+                                      "speculative config)")
+    r.add_argument("--target-concurrency", type=int, help="judge at this concurrency (default: the highest run)")
+    r.add_argument("--capacity-loss", type=float, default=0.25,
+                   help="largest acceptable KV capacity loss vs the baseline, 0..1 (default 0.25)")
 
     s = verbs.add_parser("snapshot", help="an exact snapshot of a /metrics endpoint (vLLM's or the exporter's)")
     s.add_argument("url", help="the server or exporter base URL (or its /metrics URL)")
@@ -261,6 +273,9 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
         for name, digest in write_article_workloads(args.out, args.lang).items():
             print(f"{digest}  {args.out / name}")
         return EXIT_OK
+    if args.verb == "experiment":
+        from specwatch.experiment.cli import run_cli
+        return run_cli(home, args)
     if args.verb == "demo":
         from specwatch.demo import DemoConfig, run
         if args.rows < 1 or args.concurrency < 1 or args.max_tokens < 1:
@@ -273,6 +288,13 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
         return EXIT_OK if report.ok else EXIT_CHECK
     if args.verb == "up":
         return _up(home, args)
+    if args.verb == "report":
+        from specwatch.report import build
+        study = build(args.results, args.baseline, args.target_concurrency, args.capacity_loss)
+        for v in study.verdicts:
+            print(f"{'GO   ' if v.go else 'NO-GO'} {v.variant:<14} {v.task:<6} {v.reason}")
+        print(f"report: {study.markdown}\n        {study.html}")
+        return EXIT_OK
     if args.verb == "snapshot":
         from specwatch import snapshot
         snap = snapshot.take(args.url)

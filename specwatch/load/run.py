@@ -61,12 +61,21 @@ def run(cfg: LoadConfig, console: Console | None = None) -> dict[str, Any]:
     total = (cfg.requests_per_task + cfg.warmup) * len(cfg.workloads)
     with (cfg.out / "locust.log").open("wb") as log:
         proc = subprocess.Popen(locust_command(cfg), stdout=log, stderr=subprocess.STDOUT)
-        with Progress(console=console, transient=True) as progress:
-            bar = progress.add_task(f"{cfg.concurrency} in flight", total=total)
-            while proc.poll() is None:
-                done = len(results.read_text().splitlines()) if results.exists() else 0
-                progress.update(bar, completed=done)
-                time.sleep(0.5)
+        try:
+            with Progress(console=console, transient=True) as progress:
+                bar = progress.add_task(f"{cfg.concurrency} in flight", total=total)
+                while proc.poll() is None:
+                    done = len(results.read_text().splitlines()) if results.exists() else 0
+                    progress.update(bar, completed=done)
+                    time.sleep(0.5)
+        finally:  # interrupted (Ctrl+C, SIGTERM turned into an exception): Locust stops with us
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
     summary = summarise(read_results([results]))
     summary["locust_exit_code"] = proc.returncode
     summary["config"] = {"target": cfg.target, "concurrency": cfg.concurrency,

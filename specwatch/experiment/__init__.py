@@ -1,0 +1,42 @@
+"""`specwatch experiment`: the source article's study as a plan, run variant by variant, resumable.
+
+Modules: `plan` (YAML in, a validated frozen `Plan` out), `runner` (the order of things),
+`passes` (warm-up, acceptance, Locust performance, reconciliation), `environment` (what ran),
+`layout` (where results go), `cli` (the verb). Servers come from `specwatch.backends`.
+
+Results layout, written as it is produced (every file through a temporary name and a rename):
+
+    results/<run-id>/
+      plan.yaml                     the plan as given (a resume must pass the same text)
+      run.json                      run id, specwatch version, sha256 of plan.yaml and every input,
+                                    variant order, attempts (start / finish), final states
+      inputs/<task>.jsonl           the task files the passes read (article sets written here)
+      inputs/article-<lang>/        the article's code.jsonl / chat.jsonl and sha256.txt, when used
+      variants/<name>/
+        server.log                  the server's output (first line: the command)
+        environment.json            specwatch / Python / server versions, backend (command, image,
+                                    packages), argv, model records (PROVENANCE.json, revision),
+                                    inputs' sha256, num_gpu_blocks (vllm:cache_config_info),
+                                    startup seconds
+        server-help.txt             `vllm serve --help` as the backend runs it (when it can)
+        warmup.jsonl                warm-up requests, sent before the first snapshot
+        metrics-before.prom         /metrics snapshot (specwatch.snapshot format)
+        acceptance/<task>.jsonl     one line per request: task, index, finish_reason, text, usage,
+                                    spec (metrics.speculative_decoding), the whole response
+        perf/c<N>/                  `specwatch load` at concurrency N: summary.json, summary.txt,
+                                    requests.jsonl, locust_*.csv, locust.log
+        metrics-after.prom          /metrics snapshot after the passes
+        reconciliation.json         snapshot difference vs the summed per-request fields
+                                    (C, D, R, every position; requests without the field)
+        status.json                 written LAST: state done (ok: checks passed) or failed (error),
+                                    timings, how the server was confirmed gone
+      interrupted/<name>-<time>/    an unfinished variant's partial results, set aside on --resume
+
+A variant with `state: done` is skipped by `--resume` and never rewritten; any other variant
+is set aside and redone from the start of its server.
+"""
+
+from specwatch.experiment.plan import Plan, PlanError, load_plan, parse_plan
+from specwatch.experiment.runner import RunConflict, RunOptions, RunResult, run_plan
+
+__all__ = ["Plan", "PlanError", "RunConflict", "RunOptions", "RunResult", "load_plan", "parse_plan", "run_plan"]

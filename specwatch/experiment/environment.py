@@ -1,0 +1,75 @@
+"""What a variant ran on: versions, the server's argv and `--help`, model revisions, input digests, KV capacity."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from specwatch import __version__
+from specwatch.vllm_metrics import samples
+
+PROVENANCE = "PROVENANCE.json"
+
+
+def server_version(url: str) -> str | None:
+    try:
+        response = requests.get(url + "/version", timeout=10)
+        value = response.json().get("version") if response.status_code == 200 else None
+    except (requests.RequestException, ValueError, AttributeError):
+        return None
+    return str(value) if value is not None else None
+
+
+def num_gpu_blocks(metrics_text: str) -> int | None:
+    """`num_gpu_blocks` label of `vllm:cache_config_info` (summed over engines); None when absent."""
+    blocks = [int(dict(labels)["num_gpu_blocks"]) for (name, labels), _ in samples(metrics_text).items()
+              if name == "vllm:cache_config_info" and dict(labels).get("num_gpu_blocks", "None").isdigit()]
+    return sum(blocks) if blocks else None
+
+
+def _flag(args: Sequence[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.partition("=")[2]
+    return None
+
+
+def model_record(model: str, args: Sequence[str], revision_flag: str = "--revision") -> dict[str, Any]:
+    """A local folder: its PROVENANCE.json and config.json digest; a hub name: the pinned revision, if any."""
+    folder = Path(model)
+    if folder.is_dir():
+        record: dict[str, Any] = {"model": model, "kind": "folder"}
+        provenance = folder / PROVENANCE
+        record["provenance"] = json.loads(provenance.read_text()) if provenance.exists() else None
+        config = folder / "config.json"
+        if config.exists():
+            from specwatch.experiment.layout import sha256_file
+            record["config_sha256"] = sha256_file(config)
+        return record
+    return {"model": model, "kind": "hub", "revision": _flag(args, revision_flag),
+            "note": None if _flag(args, revision_flag) else "no --revision: the hub's current main at start-up"}
+
+
+def environment(*, url: str, command: Sequence[str], args: Sequence[str], model: str,
+                speculative_config: Mapping[str, Any] | None, backend: Mapping[str, object],
+                inputs: Mapping[str, str], metrics_text: str, startup_seconds: float,
+                has_help: bool) -> dict[str, Any]:
+    models = [model_record(model, args)]
+    draft = (speculative_config or {}).get("model")
+    if isinstance(draft, str):
+        models.append(model_record(draft, args, "--speculative-config.revision"))
+    return {
+        "specwatch": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
+        "server_version": server_version(url), "url": url, "backend": dict(backend),
+        "command": list(command), "argv": list(args), "startup_seconds": round(startup_seconds, 2),
+        "models": models, "inputs_sha256": dict(inputs), "num_gpu_blocks": num_gpu_blocks(metrics_text),
+        "server_help": "server-help.txt" if has_help else None,
+    }

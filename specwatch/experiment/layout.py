@@ -1,0 +1,118 @@
+"""Where an experiment's results go, written atomically as they are produced; a variant's status comes last."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DONE = "done"  # a finished variant (its checks may still have failed); resume skips it
+FAILED = "failed"  # an error stopped the variant; resume redoes it
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_json(path: Path, value: Any) -> None:
+    write_text(path, json.dumps(value, indent=1, ensure_ascii=False) + "\n")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class VariantFolder:
+    root: Path
+
+    @property
+    def environment(self) -> Path:
+        return self.root / "environment.json"
+
+    @property
+    def help_text(self) -> Path:
+        return self.root / "server-help.txt"
+
+    @property
+    def server_log(self) -> Path:
+        return self.root / "server.log"
+
+    @property
+    def warmup(self) -> Path:
+        return self.root / "warmup.jsonl"
+
+    @property
+    def metrics_before(self) -> Path:
+        return self.root / "metrics-before.prom"
+
+    @property
+    def metrics_after(self) -> Path:
+        return self.root / "metrics-after.prom"
+
+    @property
+    def reconciliation(self) -> Path:
+        return self.root / "reconciliation.json"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    def acceptance(self, task: str) -> Path:
+        return self.root / "acceptance" / f"{task}.jsonl"
+
+    def perf(self, concurrency: int) -> Path:
+        return self.root / "perf" / f"c{concurrency}"
+
+    def read_status(self) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.status.read_text())
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def finished(self) -> bool:
+        status = self.read_status()
+        return status is not None and status.get("state") == DONE
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.yaml"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs"
+
+    def variant(self, name: str) -> VariantFolder:
+        return VariantFolder(self.root / "variants" / name)
+
+    def set_aside(self, name: str) -> Path | None:
+        """Move an unfinished variant's partial results under `interrupted/` before it is redone."""
+        folder = self.variant(name).root
+        if not folder.exists():
+            return None
+        target = self.root / "interrupted" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(folder), str(target))
+        return target

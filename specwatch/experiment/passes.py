@@ -1,0 +1,120 @@
+"""A variant's passes: warm-up, acceptance (non-streaming, greedy, outputs kept), Locust performance, reconciliation.
+
+Reconciliation is exact: the server's counter differences between the two snapshots must equal
+the sums of the per-request `metrics.speculative_decoding` fields of every request sent in
+between (acceptance pass and every performance request, Locust's warm-ups included).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from specwatch.acceptance import spec_field
+from specwatch.chat_client import run_chat
+from specwatch.experiment.layout import VariantFolder, write_text
+from specwatch.experiment.plan import AcceptancePass, PerformancePass
+from specwatch.load.run import LoadConfig
+from specwatch.load.run import run as run_load
+from specwatch.snapshot import Difference
+from specwatch.workloads import Row
+
+
+def _lines(records: Iterable[Mapping[str, Any]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+def chat_pass(url: str, rows: Sequence[Row], path: Path, *, max_tokens: int, concurrency: int, model: str) -> None:
+    """Send `rows` (non-streaming, temperature 0) and save one line per request, in row order."""
+    results = run_chat(url, rows, max_tokens=max_tokens, concurrency=concurrency, model=model)
+    records = []
+    for index, r in enumerate(results):
+        choice = (r.body.get("choices") or [{}])[0]
+        records.append({
+            "task": r.row.task, "index": index, "seconds": round(r.seconds, 4),
+            "finish_reason": choice.get("finish_reason"),
+            "text": (choice.get("message") or {}).get("content"),
+            "usage": r.body.get("usage"), "spec": spec_field(r.body), "response": r.body,
+        })
+    write_text(path, _lines(records))
+
+
+def acceptance_pass(url: str, task: str, rows: Sequence[Row], folder: VariantFolder, cfg: AcceptancePass,
+                    model: str) -> None:
+    chat_pass(url, rows[:cfg.rows], folder.acceptance(task), max_tokens=cfg.max_tokens,
+              concurrency=cfg.concurrency, model=model)
+
+
+def performance_pass(url: str, workloads: Mapping[str, Path], folder: VariantFolder, cfg: PerformancePass,
+                     concurrency: int, model: str) -> dict[str, Any]:
+    out = folder.perf(concurrency)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "summary.txt").open("w") as report:  # Locust's table, kept instead of printed
+        return run_load(LoadConfig(url, concurrency, cfg.requests, dict(workloads), out, cfg.warmup, cfg.ignore_eos,
+                                   cfg.max_tokens, cfg.max_seconds, model), Console(file=report, width=160))
+
+
+# -- reconciliation ---------------------------------------------------------------------------------
+
+def per_request_fields(folder: VariantFolder) -> tuple[list[Mapping[str, Any] | None], list[str]]:
+    """Every request's spec field (None where absent) sent between the snapshots, and which files they came from."""
+    fields: list[Mapping[str, Any] | None] = []
+    sources: list[str] = []
+    for path in sorted((folder.root / "acceptance").glob("*.jsonl")) + sorted(
+            (folder.root / "perf").glob("c*/requests.jsonl")):
+        sources.append(str(path.relative_to(folder.root)))
+        for line in path.read_text().splitlines():
+            if line.strip():
+                fields.append(json.loads(line).get("spec"))
+    return fields, sources
+
+
+def sums(fields: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+    c = d = r = 0
+    per_position: list[int] = []
+    for f in fields:
+        if f is None:
+            continue
+        c += int(f["num_accepted_draft_tokens"])
+        d += int(f["num_draft_tokens"])
+        r += int(f["num_spec_steps"])
+        hist = [int(x) for x in f["acceptance_histogram"]]
+        survival = [sum(hist[p + 1:]) for p in range(len(hist) - 1)]  # steps that accepted at least p + 1
+        per_position += [0] * (len(survival) - len(per_position))
+        for p, s in enumerate(survival):
+            per_position[p] += s
+    return {"C": c, "D": d, "R": r, "per_position": per_position,
+            "requests": len(fields), "missing_field": sum(1 for f in fields if f is None)}
+
+
+def reconcile(difference: Difference, folder: VariantFolder, speculative: bool) -> dict[str, Any]:
+    fields, sources = per_request_fields(folder)
+    per_request = sums(fields)
+    server: dict[str, Any] | None = None
+    if difference.server is not None:
+        s = difference.server
+        server = {"C": s.accepted, "D": s.draft_tokens, "R": s.steps, "per_position": list(s.per_position)}
+    checks: list[dict[str, Any]] = []
+    if speculative:
+        server_values = server or {"C": 0, "D": 0, "R": 0, "per_position": []}
+        for key in ("C", "D", "R"):
+            checks.append({"counter": key, "per_request_sum": per_request[key], "server_delta": server_values[key],
+                           "equal": per_request[key] == server_values[key]})
+        width = max(len(per_request["per_position"]), len(server_values["per_position"]))
+        for p in range(width):
+            mine = per_request["per_position"][p] if p < len(per_request["per_position"]) else 0
+            theirs = server_values["per_position"][p] if p < len(server_values["per_position"]) else 0
+            checks.append({"counter": f"per_position[{p}]", "per_request_sum": mine, "server_delta": theirs,
+                           "equal": mine == theirs})
+        checks.append({"counter": "requests without the field", "per_request_sum": per_request["missing_field"],
+                       "server_delta": 0, "equal": per_request["missing_field"] == 0})
+    else:  # a baseline: no request may carry the field, and the server drafted nothing
+        drafted = (server or {}).get("D", 0)
+        checks.append({"counter": "baseline D", "per_request_sum": per_request["D"], "server_delta": drafted,
+                       "equal": per_request["D"] == 0 and drafted == 0})
+    return {"ok": all(c["equal"] for c in checks), "checks": checks, "per_request": per_request, "server": server,
+            "snapshot_seconds": round(difference.seconds, 3), "sources": sources}

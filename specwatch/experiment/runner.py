@@ -1,0 +1,280 @@
+"""Run a plan: each variant in turn on its own server, results written as they are produced, resumable.
+
+For each variant: start its server (its backend), wait for health, record the environment,
+warm up, snapshot `/metrics`, acceptance pass per task, performance pass per concurrency,
+snapshot again, reconcile, stop the server and confirm it is gone, then write `status.json`
+last. A variant with a `done` status is never redone or touched; anything else is set aside
+under `interrupted/` and redone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specwatch import __version__, snapshot
+from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_backend, wait_http_health
+from specwatch.config import Home
+from specwatch.experiment import environment, passes
+from specwatch.experiment.layout import DONE, FAILED, RunFolder, VariantFolder, sha256_file, write_json, write_text
+from specwatch.experiment.plan import Plan, Variant
+from specwatch.net import free_port
+from specwatch.vllm_cpu.server import serve_argv
+from specwatch.workloads import Row, load_jsonl, write_article_workloads
+
+
+class RunConflict(ValueError):
+    """The run folder does not fit the request: it exists without --resume, or holds another plan."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    out: Path
+    run_id: str
+    home: Home
+    resume: bool = False
+    environ: Mapping[str, str] = field(default_factory=dict)
+    health: HealthCheck = wait_http_health
+
+
+@dataclass(frozen=True)
+class RunResult:
+    folder: Path
+    statuses: dict[str, dict[str, Any]]
+
+    @property
+    def failed(self) -> list[str]:
+        return [n for n, s in self.statuses.items() if s.get("state") != DONE]
+
+    @property
+    def checks_failed(self) -> list[str]:
+        return [n for n, s in self.statuses.items() if s.get("state") == DONE and not s.get("ok")]
+
+
+def variant_args(plan: Plan, v: Variant) -> list[str]:
+    """`vllm serve` arguments after the word `serve`, without --host / --port (the backend adds them)."""
+    argv = serve_argv(v.model, speculative_config=v.speculative_config, dtype=plan.server.dtype,
+                      extra=[*plan.server.args, *v.args])
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--host", "--port") and i < 5:  # serve_argv's own, right after the model
+            skip = True
+            continue
+        if arg == "--enforce-eager" and not plan.server.enforce_eager:
+            continue
+        out.append(arg)
+    name_at = out.index("--served-model-name") + 1
+    out[name_at] = plan.served_model_name
+    return out
+
+
+def steps(plan: Plan) -> int:
+    perf = len(plan.performance.concurrencies) if plan.performance else 0
+    return 2 + len(plan.tasks) + perf  # start, acceptance per task, perf per concurrency, stop
+
+
+class Runner:
+    def __init__(self, plan: Plan, options: RunOptions, console: Console) -> None:
+        self.plan, self.options, self.console = plan, options, console
+        self.run = RunFolder(options.out / options.run_id)
+        self.backends: dict[str, Backend] = {}
+        self.help: dict[str, str | None] = {}
+        self.workloads: dict[str, Path] = {}
+        self.rows: dict[str, list[Row]] = {}
+        self.inputs: dict[str, str] = {}
+
+    # -- the run folder ---------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        root = self.run.root
+        if self.options.resume:
+            if not self.run.plan.exists():
+                raise RunConflict(f"--resume: no run at {root} (no plan.yaml)")
+            if self.run.plan.read_text(encoding="utf-8") != self.plan.text:
+                raise RunConflict(f"--resume: {self.run.plan} differs from the plan given; resume with the same plan")
+        elif root.exists() and any(root.iterdir()):
+            raise RunConflict(f"{root} already exists: pass --resume to finish it, or another --run-id")
+        root.mkdir(parents=True, exist_ok=True)
+        if not self.run.plan.exists():
+            write_text(self.run.plan, self.plan.text)
+        self._inputs()
+        record = self._read_run() or {"run_id": self.options.run_id, "plan": self.plan.name,
+                                      "created": _now(), "specwatch": __version__, "attempts": []}
+        if record.get("inputs_sha256", self.inputs) != self.inputs:
+            raise RunConflict(f"--resume: the task files changed since the run started ({self.run.run}); "
+                              "start a new run")
+        record.update({"inputs_sha256": self.inputs, "variants": [v.name for v in self.plan.variants]})
+        record["attempts"].append({"started": _now(), "resume": self.options.resume})
+        write_json(self.run.run, record)
+
+    def _read_run(self) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.run.run.read_text())
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _inputs(self) -> None:
+        inputs = self.run.inputs
+        inputs.mkdir(exist_ok=True)
+        articles = {t.article for t in self.plan.tasks if t.article}
+        if articles and not all((inputs / f"article-{self.plan.lang}" / f"{a}.jsonl").exists() for a in articles):
+            write_article_workloads(inputs / f"article-{self.plan.lang}", self.plan.lang)
+        for task in self.plan.tasks:
+            target = inputs / f"{task.name}.jsonl"
+            source = task.path or inputs / f"article-{self.plan.lang}" / f"{task.article}.jsonl"
+            if not target.exists():
+                shutil.copyfile(source, target)
+            elif task.path is not None and sha256_file(source) != sha256_file(target):
+                raise RunConflict(f"tasks.{task.name}: {source} changed since the run started; start a new run")
+            self.workloads[task.name] = target
+            self.rows[task.name] = load_jsonl(target, task.name)
+        self.inputs = {"plan.yaml": sha256_file(self.run.plan),
+                       **{f"inputs/{t}.jsonl": sha256_file(p) for t, p in self.workloads.items()}}
+
+    # -- variants ---------------------------------------------------------------------------------
+
+    def execute(self) -> RunResult:
+        self.prepare()
+        statuses: dict[str, dict[str, Any]] = {}
+        per_variant = steps(self.plan)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.console) as progress:
+            bar = progress.add_task("experiment", total=per_variant * len(self.plan.variants))
+            for v in self.plan.variants:
+                folder = self.run.variant(v.name)
+                if folder.finished():
+                    statuses[v.name] = folder.read_status() or {}
+                    progress.advance(bar, per_variant)
+                    progress.console.print(f"{v.name}: finished earlier, kept")
+                    continue
+                moved = self.run.set_aside(v.name)
+                if moved:
+                    progress.console.print(f"{v.name}: unfinished results moved to {moved}; redoing it")
+                done_before = progress.tasks[0].completed
+
+                def step(what: str, name: str = v.name) -> None:
+                    progress.update(bar, description=f"{name}: {what}")
+
+                def advance() -> None:
+                    progress.advance(bar)
+
+                statuses[v.name] = self.variant(v, folder, step, advance)
+                progress.update(bar, completed=done_before + per_variant)
+                s = statuses[v.name]
+                progress.console.print(f"{v.name}: {s['state']}" + (
+                    f", reconciliation {'equal' if s.get('ok') else 'MISMATCH'}" if s["state"] == DONE
+                    else f": {s.get('error')}"))
+            progress.update(bar, description="experiment done")
+        record = self._read_run() or {}
+        record["attempts"][-1]["finished"] = _now()
+        record["statuses"] = {n: {k: s.get(k) for k in ("state", "ok")} for n, s in statuses.items()}
+        write_json(self.run.run, record)
+        return RunResult(self.run.root, statuses)
+
+    def _backend(self, v: Variant) -> Backend:
+        key = repr(v.backend)
+        if key not in self.backends:
+            self.backends[key] = make_backend(v.backend, self.options.home, self.options.environ, self.options.health)
+        return self.backends[key]
+
+    def _help(self, v: Variant, backend: Backend) -> str | None:
+        key = repr(v.backend)
+        if key not in self.help:
+            self.help[key] = backend.help_text()
+        return self.help[key]
+
+    def variant(self, v: Variant, folder: VariantFolder, step: Any, advance: Any) -> dict[str, Any]:
+        started = time.monotonic()
+        status: dict[str, Any] = {"variant": v.name, "started": _now(), "baseline": v.baseline,
+                                  "speculative_config": v.speculative_config}
+        folder.root.mkdir(parents=True, exist_ok=True)
+        backend = self._backend(v)
+        args = variant_args(self.plan, v)
+        launch = Launch(v.name, tuple(args), free_port(), folder.server_log, self.plan.server.startup_timeout)
+        step(f"starting {v.backend.kind} server")
+        try:
+            server = backend.start(launch)
+        except BackendError as exc:
+            return self._failed(folder, status, exc, started)
+        status["startup_seconds"] = round(time.monotonic() - started, 2)
+        advance()
+        try:
+            self._measure(v, folder, server.url, backend, launch, status, step, advance)
+        except Exception as exc:  # recorded in status.json; the run goes on with the next variant
+            status["error_trace"] = traceback.format_exc(limit=8)
+            status["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            step("stopping the server")
+            status["stopped"] = server.stop()  # raises BackendError when not confirmed gone: the run stops
+            advance()
+        if "error" in status:
+            status.update(state=FAILED, seconds=round(time.monotonic() - started, 2))
+            write_json(folder.status, status)
+            return status
+        status.update(state=DONE, finished=_now(), seconds=round(time.monotonic() - started, 2))
+        write_json(folder.status, status)  # last: the variant is finished only from here on
+        return status
+
+    def _measure(self, v: Variant, folder: VariantFolder, url: str, backend: Backend, launch: Launch,
+                 status: dict[str, Any], step: Any, advance: Any) -> None:
+        model = self.plan.served_model_name
+        step("recording the environment")
+        help_text = self._help(v, backend)
+        if help_text:
+            write_text(folder.help_text, help_text)
+        before_env = snapshot.take(url)
+        write_json(folder.environment, environment.environment(
+            url=url, command=backend.command_line(launch), args=launch.args, model=v.model,
+            speculative_config=v.speculative_config, backend=backend.describe(), inputs=self.inputs,
+            metrics_text=before_env.text, startup_seconds=status["startup_seconds"], has_help=bool(help_text)))
+        if self.plan.warmup_requests:
+            step("warming up")
+            rows = [r for t in self.plan.tasks for r in self.rows[t.name][:self.plan.warmup_requests]]
+            passes.chat_pass(url, rows, folder.warmup, max_tokens=16, concurrency=len(rows), model=model)
+        before = snapshot.take(url)
+        snapshot.write(before, folder.metrics_before)
+        for task in self.plan.tasks:
+            step(f"acceptance pass, {task.name}")
+            passes.acceptance_pass(url, task.name, self.rows[task.name], folder, self.plan.acceptance, model)
+            advance()
+        perf: dict[str, Any] = {}
+        if self.plan.performance is not None:
+            for c in self.plan.performance.concurrencies:
+                step(f"performance pass, concurrency {c}")
+                summary = passes.performance_pass(url, self.workloads, folder, self.plan.performance, c, model)
+                failures = sum(t["failures"] for t in summary["tasks"].values())
+                perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"]}
+                advance()
+        after = snapshot.take(url)
+        snapshot.write(after, folder.metrics_after)
+        reconciliation = passes.reconcile(snapshot.diff(before, after), folder, v.speculative_config is not None)
+        write_json(folder.reconciliation, reconciliation)
+        perf_ok = all(p["failures"] == 0 and p["locust_exit_code"] == 0 for p in perf.values())
+        status.update(reconciled=reconciliation["ok"], performance=perf, ok=reconciliation["ok"] and perf_ok)
+
+    def _failed(self, folder: VariantFolder, status: dict[str, Any], exc: Exception, started: float) -> dict[str, Any]:
+        status.update(state=FAILED, error=str(exc), seconds=round(time.monotonic() - started, 2))
+        write_json(folder.status, status)
+        return status
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def run_plan(plan: Plan, options: RunOptions, console: Console | None = None) -> RunResult:
+    return Runner(plan, options, console or Console()).execute()

@@ -1,0 +1,37 @@
+"""`specwatch report results/<run-id>`: Markdown and a self-contained HTML page with PNG plots and a go / no-go.
+
+Modules: `results` (read the experiment's folder), `quality` (greedy identity, the code edit check),
+`verdict` (the article's go / no-go rules), `plots` (matplotlib PNGs), `render` (Markdown, HTML).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specwatch.report import plots, render, results, verdict
+
+
+@dataclass(frozen=True)
+class Report:
+    markdown: Path
+    html: Path
+    verdicts: list[verdict.Verdict]
+
+
+def build(folder: Path, baseline: str | None = None, target_concurrency: int | None = None,
+          capacity_loss_bound: float = verdict.DEFAULT_CAPACITY_LOSS) -> Report:
+    run = results.load(folder)
+    if baseline is None:
+        plain = [v.name for v in run.variants if not v.speculative]
+        baseline = "baseline" if run.variant("baseline") else (plain[0] if plain else None)
+    if baseline is None or run.variant(baseline) is None:
+        raise results.ResultsError(f"{folder}: no baseline variant (a variant without speculative_config); "
+                                   "name one with --baseline")
+    concurrencies = sorted({c for v in run.variants for c in v.perf})
+    target = target_concurrency or (concurrencies[-1] if concurrencies else 1)
+    verdicts = verdict.judge(run, baseline, target, capacity_loss_bound)
+    out = folder / "report"
+    pngs = plots.all_plots(run, baseline, out)
+    md, html = render.write(out, render.markdown(run, baseline, target, verdicts, pngs))
+    return Report(md, html, verdicts)

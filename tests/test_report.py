@@ -1,0 +1,112 @@
+"""`specwatch report`: figures equal to the files and snapshots they come from; verdicts that follow the data."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from specwatch import cli, snapshot
+from specwatch.acceptance import Acceptance, spec_field
+from specwatch.report import quality, results, verdict
+from specwatch.report.results import Output, RunResults, VariantResults
+from specwatch.workloads import SOURCE, article_prompt
+
+PLAN = """
+name: small
+backend: {kind: sim, args: ["--sim-time-scale", "0.02"]}
+model: Qwen/Qwen3-8B
+tasks: {code: article, chat: article}
+acceptance: {rows: 3, max_tokens: 48}
+performance: {concurrencies: [1, 2], requests: 3, warmup: 1, max_tokens: 24}
+variants:
+  baseline: {}
+  ngram:
+    speculative_config: {method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("study")
+    (folder / "plan.yaml").write_text(PLAN)
+    assert cli.main(["experiment", str(folder / "plan.yaml"), "--out", str(folder / "results"),
+                     "--run-id", "r1"]) == cli.EXIT_OK
+    return folder / "results" / "r1"
+
+
+def test_the_report_shows_the_saved_figures_and_is_self_contained(study: Path, capsys: pytest.CaptureFixture[str]
+                                                                  ) -> None:
+    assert cli.main(["report", str(study)]) == cli.EXIT_OK
+    printed = capsys.readouterr().out
+    assert re.search(r"(GO|NO-GO) +ngram +code", printed) and re.search(r"(GO|NO-GO) +ngram +chat", printed)
+    md = (study / "report" / "report.md").read_text()
+    for task in ("code", "chat"):
+        acc = Acceptance()
+        for line in (study / "variants" / "ngram" / "acceptance" / f"{task}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            acc = acc.add(spec_field({"metrics": {"speculative_decoding": rec["spec"]}}),
+                          rec["usage"]["completion_tokens"])
+        row = f"| ngram | {task} | {acc.requests} | {acc.accepted} | {acc.drafted} | {acc.steps} | " \
+              f"{acc.acceptance_rate:.3f} |"
+        assert row in md, row
+    server = snapshot.diff(snapshot.read(study / "variants" / "ngram" / "metrics-before.prom"),
+                           snapshot.read(study / "variants" / "ngram" / "metrics-after.prom")).server
+    assert server is not None and server.steps > 0
+    assert f"| ngram | {server.accepted:g} | {server.draft_tokens:g} | {server.steps:g} | " \
+           f"{server.acceptance_rate:.3f} |" in md
+    assert "| baseline | done | sim |" in md and "| ngram | done | sim | ngram |" in md
+    page = (study / "report" / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 6 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    assert "src=\"http" not in page and "<table>" in page
+
+
+def _variant(name: str, tpot: float, tput: float, text: str = "same", blocks: int = 100, state: str = "done",
+             accepted: int = 0) -> VariantResults:
+    v = VariantResults(name, state, speculative=name != "baseline", num_gpu_blocks=blocks)
+    v.perf = {c: {"code": {"tpot_ms": {"p50": tpot * (2 if c == 8 else 1)}, "output_tokens_per_second": tput}}
+              for c in (1, 8)}
+    v.outputs = {"code": [Output("code", i, text, "length", 10) for i in range(3)]}
+    v.acceptance = {"code": Acceptance(3, 0, accepted, 10, 5, (), 30)}
+    return v
+
+
+def _run(*variants: VariantResults) -> RunResults:
+    return RunResults(Path("."), "t", {}, list(variants), {"code": []})
+
+
+def test_the_verdict_follows_the_data() -> None:
+    base = _variant("baseline", tpot=10, tput=100)
+    faster = verdict.judge(_run(base, _variant("fast", tpot=8, tput=120)), "baseline", 8)
+    assert [v.go for v in faster] == [True] and "TPOT -20 %" in faster[0].reason
+    slower = verdict.judge(_run(base, _variant("slow", tpot=12, tput=90, accepted=9)), "baseline", 8)
+    assert not slower[0].go and "high acceptance (90%) without an end-to-end gain" in slower[0].reason
+    changed = verdict.judge(_run(base, _variant("fast", tpot=8, tput=120, text="other")), "baseline", 8)
+    assert not changed[0].go and "outputs differ" in changed[0].reason
+    smaller = verdict.judge(_run(base, _variant("fast", tpot=8, tput=120, blocks=50)), "baseline", 8)
+    assert not smaller[0].go and "capacity loss above the 25% bound" in smaller[0].reason
+    failed = verdict.judge(_run(base, _variant("broken", tpot=8, tput=120, state="failed")), "baseline", 8)
+    assert not failed[0].go and "did not finish" in failed[0].reason
+    low_only = _variant("lowonly", tpot=8, tput=120)
+    low_only.perf[8]["code"] = {"tpot_ms": {"p50": 30}, "output_tokens_per_second": 80}
+    verdicts = verdict.judge(_run(base, low_only), "baseline", 8)
+    assert not verdicts[0].go and "gains only at concurrency 1, below the target" in verdicts[0].reason
+
+
+def test_the_code_edit_check_reads_the_article_prompt() -> None:
+    prompt = article_prompt("code", 3)
+    right = SOURCE.replace("return value * 4", "return value * 103")
+    assert quality.code_edit_correct(prompt, right) is True
+    assert quality.code_edit_correct(prompt, SOURCE) is False          # nothing changed
+    assert quality.code_edit_correct(prompt, right.replace("value * 1\n", "value * 7\n")) is False  # another changed
+    assert quality.code_edit_correct(prompt, right.split("def scale_11")[0]) is False  # a function dropped
+    assert quality.code_edit_correct(article_prompt("chat", 3), right) is None
+
+
+def test_a_folder_that_is_not_a_study_is_named(tmp_path: Path) -> None:
+    with pytest.raises(results.ResultsError, match="no plan.yaml"):
+        results.load(tmp_path)
