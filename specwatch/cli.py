@@ -114,6 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--capacity-loss", type=float, default=0.25,
                    help="largest acceptable KV capacity loss vs the baseline, 0..1 (default 0.25)")
 
+    from specwatch.canary.cli import add_arguments as canary_arguments
+    canary_arguments(verbs.add_parser(
+        "canary", help="candidate against baseline per task: Mann-Whitney, Hodges-Lehmann, a policy, a verdict",
+        description="Exit codes: 0 pass, 3 fail, 4 marginal, 5 insufficient data, 1 error, 2 usage."))
+
     s = verbs.add_parser("snapshot", help="an exact snapshot of a /metrics endpoint (vLLM's or the exporter's)")
     s.add_argument("url", help="the server or exporter base URL (or its /metrics URL)")
     s.add_argument("--out", type=Path, required=True, help="file to write")
@@ -295,6 +300,9 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
             print(f"{'GO   ' if v.go else 'NO-GO'} {v.variant:<14} {v.task:<6} {v.reason}")
         print(f"report: {study.markdown}\n        {study.html}")
         return EXIT_OK
+    if args.verb == "canary":
+        from specwatch.canary.cli import run_cli as run_canary
+        return run_canary(args)
     if args.verb == "snapshot":
         from specwatch import snapshot
         snap = snapshot.take(args.url)

@@ -54,6 +54,7 @@ class ExporterConfig:
     upstream_timeout_seconds: float = 600.0
     event_log: Path | None = None
     event_log_max_bytes: int = 64 * 1024 * 1024
+    admin_token_env: str | None = None  # the environment variable holding the admin bearer token; None: no admin
 
     @property
     def default_variant(self) -> str:
@@ -149,6 +150,9 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
             raise ConfigError(f"rule for task {r.task!r}: not among the configured tasks {list(tasks)}")
     host, port = _listen(flags.get("listen") or doc.get("listen_address") or "127.0.0.1:9400")
     event_log = flags.get("event_log") or doc.get("event_log")
+    admin_token_env = flags.get("admin_token_env") or doc.get("admin_token_env")
+    if admin_token_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(admin_token_env)):
+        raise ConfigError(f"--admin-token-env {admin_token_env!r}: expected an environment variable name")
     return ExporterConfig(
         upstreams=upstreams, split=split, mirror=mirror,
         sticky_header=(flags.get("sticky_header") or doc.get("sticky_header") or None),
@@ -157,4 +161,5 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
         probe_interval_seconds=float(doc.get("probe_interval_seconds", 5.0)),
         upstream_timeout_seconds=float(doc.get("upstream_timeout_seconds", 600.0)),
         event_log=Path(event_log) if event_log else None,
-        event_log_max_bytes=int(doc.get("event_log_max_bytes", 64 * 1024 * 1024)))
+        event_log_max_bytes=int(doc.get("event_log_max_bytes", 64 * 1024 * 1024)),
+        admin_token_env=str(admin_token_env) if admin_token_env else None)

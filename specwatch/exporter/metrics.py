@@ -19,6 +19,7 @@ LATENCY_BUCKETS = (0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
                300.0, 600.0)
 RATE_BUCKETS = tuple(i / 10 for i in range(1, 11))
+CANARY_VERDICTS = ("pass", "marginal", "fail", "insufficient")  # `specwatch canary --push-to`
 
 
 class ExporterMetrics:
@@ -64,7 +65,15 @@ class ExporterMetrics:
         self.mirror_outputs = Counter("specwatch_mirror_outputs",
                                       "Mirrored greedy requests whose output matched the primary's.",
                                       [*vt, "result"], registry=registry)
+        self.canary_verdict = Gauge("specwatch_canary_verdict",
+                                    "1 for the last verdict `specwatch canary` pushed for the task, 0 for the others.",
+                                    ["task", "verdict"], registry=registry)
+        self.canary_score = Gauge("specwatch_canary_score", "The last canary score pushed for the task, 0..100.",
+                                  ["task"], registry=registry)
         self._k_seen: set[tuple[str, str, int]] = set()
+        for task in cfg.task_labels:  # all 0 until a canary pushes a verdict
+            for verdict in CANARY_VERDICTS:
+                self.canary_verdict.labels(task, verdict)
         for variant in cfg.upstreams:
             self.upstream_up.labels(variant)
             self.probe_errors.labels(variant)

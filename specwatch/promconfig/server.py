@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -39,15 +40,19 @@ def host_port(url: str) -> str:
 
 @dataclass(frozen=True)
 class Targets:
-    """What to scrape: vLLM (or simulator) servers by variant, and exporters."""
+    """What to scrape: vLLM (or simulator) servers by variant, and exporters.
 
-    vllm: dict[str, str] = field(default_factory=dict)   # variant -> URL
+    A variant maps to one URL, or to several (its replicas: one target each, the same `variant` label).
+    """
+
+    vllm: Mapping[str, str | Sequence[str]] = field(default_factory=dict)   # variant -> URL or URLs
     exporters: tuple[str, ...] = ()
 
     def files(self) -> dict[str, list[dict[str, Any]]]:
         return {
-            "vllm.yml": [{"targets": [host_port(url)], "labels": {"variant": variant}}
-                         for variant, url in self.vllm.items()],
+            "vllm.yml": [{"targets": [host_port(url) for url in ([urls] if isinstance(urls, str) else urls)],
+                          "labels": {"variant": variant}}
+                         for variant, urls in self.vllm.items()],
             "exporter.yml": [{"targets": [host_port(url) for url in self.exporters]}] if self.exporters else [],
         }
 

@@ -1,0 +1,126 @@
+"""The `specwatch canary` verb: arguments, one evaluation (or a watch loop), the report, the exit code.
+
+Exit codes: 0 pass, 3 fail, 4 marginal, 5 insufficient data (on every task or a critical
+metric); 1 a runtime error (Prometheus or the exporter unreachable, an unreadable log),
+2 a usage error (bad flags or policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from specwatch.canary import policy as policy_mod
+from specwatch.canary import report
+from specwatch.canary.judge import CanaryVerdict, judge
+from specwatch.canary.samples import Data, from_event_log, from_prometheus, parse_window
+from specwatch.canary.watch import AdminError, push_verdict, watch
+
+EXIT_PASS, EXIT_ERROR, EXIT_USAGE, EXIT_FAIL, EXIT_MARGINAL, EXIT_INSUFFICIENT = 0, 1, 2, 3, 4, 5
+EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_FAIL, "marginal": EXIT_MARGINAL, "insufficient": EXIT_INSUFFICIENT}
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")  # the exporter's variant and task names
+
+
+@dataclass(frozen=True)
+class CanaryConfig:
+    baseline: str
+    candidate: str
+    window: str
+    tasks: tuple[str, ...]  # empty: every task seen in the data
+    policy: policy_mod.Policy
+    prometheus: str | None = None
+    event_log: Path | None = None
+
+
+def evaluate(cfg: CanaryConfig) -> CanaryVerdict:
+    """Collect the window's data from the given sources and judge it."""
+    data: Data = {}
+    variants = (cfg.baseline, cfg.candidate)
+    tasks = cfg.tasks or None
+    sources = []
+    if cfg.event_log is not None:
+        from_event_log(cfg.event_log, parse_window(cfg.window), variants, tasks, data=data)
+        sources.append(f"event log {cfg.event_log}")
+    if cfg.prometheus is not None:
+        from_prometheus(cfg.prometheus, cfg.window, variants, tasks, data=data)
+        sources.append(f"Prometheus {cfg.prometheus}")
+    seen = {t for (t, _), side in data.items() if side.requests or side.counts.get("requests", 0) > 0}
+    chosen = cfg.tasks or tuple(sorted(seen))
+    return judge(cfg.policy, data, cfg.baseline, cfg.candidate, chosen, cfg.window, sources)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prometheus", metavar="URL", help="Prometheus scraping the exporter (ratios of rates, ITL p95)")
+    p.add_argument("--event-log", type=Path, metavar="FILE", help="the exporter's --event-log (per-request samples)")
+    p.add_argument("--baseline", default="baseline", help="the reference variant (default baseline)")
+    p.add_argument("--candidate", default="candidate", help="the variant under test (default candidate)")
+    p.add_argument("--window", default="10m", help="how far back to look, Prometheus style: 90s, 10m, 1h")
+    p.add_argument("--task", action="append", default=[], help="a task to judge (repeatable; default: all seen)")
+    p.add_argument("--policy", type=Path, help="YAML policy (default examples/canary-policy.yaml)")
+    p.add_argument("--out", type=Path, help="write canary.md and canary.json here")
+    p.add_argument("--push-to", metavar="EXPORTER_URL", help="push the verdict to the exporter's /admin/verdict")
+    p.add_argument("--admin-token-env", default="SPECWATCH_ADMIN_TOKEN",
+                   help="environment variable with the exporter's admin token (default SPECWATCH_ADMIN_TOKEN)")
+    p.add_argument("--watch", action="store_true", help="re-evaluate every --interval seconds until a fail")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between evaluations (default 60)")
+    p.add_argument("--rounds", type=int, help="--watch: stop after this many evaluations")
+    p.add_argument("--stop-split", action="store_true",
+                   help="--watch: on a failed verdict set the candidate's weight to 0 at --push-to")
+
+
+def _usage(message: str) -> int:
+    print(f"specwatch canary: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _print(verdict: CanaryVerdict, out: Path | None) -> None:
+    for t in verdict.tasks:
+        score = "-" if t.score is None else f"{t.score:.0f}"
+        print(f"{report.LABELS[t.verdict]:<17} {t.task:<8} score {score:>3}  {t.reasons[0] if t.reasons else ''}")
+    print(f"verdict: {report.LABELS[verdict.verdict]}", flush=True)
+    if out is not None:
+        md, js = report.write(verdict, out)
+        print(f"report: {md}\n        {js}", flush=True)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    if not args.prometheus and not args.event_log:
+        return _usage("give --prometheus URL and/or --event-log FILE")
+    for name in (args.baseline, args.candidate, *args.task):
+        if not _NAME.match(name):
+            return _usage(f"{name!r}: expected a variant / task name (lowercase letters, digits, '-', '_')")
+    if args.baseline == args.candidate:
+        return _usage("--baseline and --candidate must differ")
+    if (args.stop_split and not args.watch) or (args.stop_split and not args.push_to):
+        return _usage("--stop-split needs --watch and --push-to EXPORTER_URL")
+    if args.interval <= 0:
+        return _usage("--interval must be positive")
+    try:
+        parse_window(args.window)
+        policy = policy_mod.load(args.policy)
+    except ValueError as exc:
+        return _usage(str(exc))
+    token = os.environ.get(args.admin_token_env) if args.push_to else None
+    if args.push_to and not token:
+        return _usage(f"--push-to needs the exporter's admin token in ${args.admin_token_env}")
+    cfg = CanaryConfig(args.baseline, args.candidate, args.window, tuple(dict.fromkeys(args.task)), policy,
+                       args.prometheus, args.event_log)
+    try:
+        if args.watch:
+            verdict = watch(lambda: evaluate(cfg), args.interval, lambda v: _print(v, args.out), args.push_to,
+                            token, args.stop_split, args.rounds)
+            if verdict.verdict == "fail" and args.stop_split:
+                print(f"split stopped: {args.candidate} weight set to 0 at {args.push_to}", flush=True)
+        else:
+            verdict = evaluate(cfg)
+            _print(verdict, args.out)
+            if args.push_to and token:
+                push_verdict(args.push_to, token, verdict)
+    except (AdminError, FileNotFoundError) as exc:
+        print(f"specwatch canary: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_CODES[verdict.verdict]

@@ -1,0 +1,211 @@
+"""The canary judge: each metric pass / high / low, a weighted score, and a verdict per task in words.
+
+After Kayenta's judge, stricter on evidence:
+
+- A metric with per-request samples on both sides is tested with Mann-Whitney U; it is
+  `high` (or `low`) only when the difference is significant (p < alpha) *and* the whole
+  Hodges-Lehmann interval of the effect lies beyond the allowed increase (or decrease).
+  Otherwise it is `pass`: no evidence of a change larger than the tolerance.
+- A metric known only as a figure from Prometheus (a ratio of rates or a p95) has no
+  interval; its point ratio (or difference) against the tolerance decides, and the
+  reason says so.
+- Fewer than `min_samples` on either side is `insufficient`, never a pass: it is left out of
+  the score, and when the metric is critical the task's verdict is "insufficient data".
+- High or low fails the metric only in its bad direction (a faster TPOT is `low` and passes).
+- Score = 100 x the weight of the metrics that did not fail / the weight of those judged.
+  A critical metric that failed fails the task; otherwise score >= pass is pass, >= marginal
+  is marginal, below is fail. The overall verdict is the worst task's (fail, insufficient
+  data, marginal, pass in that order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from specwatch.canary.policy import MetricPolicy, Policy
+from specwatch.canary.samples import METRICS, Data, Side
+from specwatch.canary.stats import Shift, compare, median, newcombe
+
+State = Literal["pass", "high", "low", "insufficient"]
+Verdict = Literal["pass", "marginal", "fail", "insufficient"]
+VERDICTS: tuple[Verdict, ...] = ("fail", "insufficient", "marginal", "pass")  # worst first
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    metric: str
+    state: State
+    failed: bool
+    critical: bool
+    weight: float
+    method: str  # how it was judged
+    n_baseline: int
+    n_candidate: int
+    baseline: float | None = None  # the median (samples) or the figure (Prometheus)
+    candidate: float | None = None
+    effect: Shift | None = None  # ratio or difference, with its interval where there is one
+    p_value: float | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class TaskVerdict:
+    task: str
+    verdict: Verdict
+    score: float | None
+    metrics: tuple[MetricResult, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CanaryVerdict:
+    baseline: str
+    candidate: str
+    window: str
+    verdict: Verdict
+    tasks: tuple[TaskVerdict, ...]
+    sources: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value * 1000:.4g} ms"
+    return f"{value:.4g}{' ' + unit if unit else ''}"
+
+
+def _bounds(mp: MetricPolicy, scale: str) -> tuple[float, float]:
+    """The tolerance band on the effect's scale: (lowest, highest) effect that is no meaningful change."""
+    if scale == "ratio":
+        return 1 - mp.allowed_decrease, 1 + mp.allowed_increase
+    return -mp.allowed_decrease, mp.allowed_increase
+
+
+def _describe_effect(scale: str, effect: Shift) -> str:
+    ci = f"{effect.confidence:.0%} CI"
+    if scale == "ratio":
+        return f"{effect.estimate:.3f}x the baseline ({ci} {effect.low:.3f}x to {effect.high:.3f}x)"
+    return f"{effect.estimate:+.4f} vs the baseline ({ci} {effect.low:+.4f} to {effect.high:+.4f})"
+
+
+def _tolerance(mp: MetricPolicy, scale: str) -> str:
+    if scale == "ratio":
+        return f"-{mp.allowed_decrease:.0%} .. +{mp.allowed_increase:.0%}"
+    return f"-{mp.allowed_decrease:g} .. +{mp.allowed_increase:g}"
+
+
+def _insufficient(mp: MetricPolicy, method: str, nb: int, nc: int, why: str) -> MetricResult:
+    return MetricResult(mp.name, "insufficient", False, mp.critical, mp.weight, method, nb, nc,
+                        reason=f"{METRICS[mp.name].title}: insufficient data ({why})")
+
+
+def judge_metric(mp: MetricPolicy, policy: Policy, base: Side, cand: Side) -> MetricResult:
+    spec = METRICS[mp.name]
+    title, need = spec.title, policy.min_samples
+    if spec.scale == "share":  # candidate-only floor (mirror mode)
+        n = int(round(cand.counts.get(mp.name, 0)))
+        value = cand.figures.get(mp.name)
+        if value is None or n < need:
+            return _insufficient(mp, "share (Prometheus)", 0, n, f"{n} compared requests, the policy needs {need}")
+        assert mp.at_least is not None
+        state: State = "low" if value < mp.at_least else "pass"
+        failed = mp.fails(state)
+        return MetricResult(mp.name, state, failed, mp.critical, mp.weight, "share (Prometheus)", 0, n, None, value,
+                            reason=f"{title}: {value:.2%} of {n} greedy requests, the floor is {mp.at_least:.2%}"
+                                   f"{' — fail' if failed else ''}")
+    lo, hi = _bounds(mp, spec.scale)
+    if spec.per_request and (base.requests or cand.requests):
+        if spec.scale == "proportion":
+            nb, nc = base.requests, cand.requests
+        else:
+            nb, nc = len(base.samples.get(mp.name, [])), len(cand.samples.get(mp.name, []))
+        method = "Newcombe interval, z-test" if spec.scale == "proportion" else (
+            "Mann-Whitney U, Hodges-Lehmann on logs" if spec.scale == "ratio" else "Mann-Whitney U, Hodges-Lehmann")
+        if nb < need or nc < need:
+            why = (f"the baseline has no samples (does it {'speculate' if mp.name == 'acceptance_rate' else 'serve'}?)"
+                   if nb == 0 else f"{nb} baseline and {nc} candidate samples, the policy needs {need} per side")
+            return _insufficient(mp, method, nb, nc, why)
+        if spec.scale == "proportion":
+            effect, p = newcombe(cand.errors, nc, base.errors, nb, policy.confidence)
+            b_val, c_val = base.errors / nb, cand.errors / nc
+        else:
+            b, c = base.samples[mp.name], cand.samples[mp.name]
+            cmp = compare(b, c, spec.scale == "ratio", policy.confidence)
+            effect, p, b_val, c_val = cmp.effect, cmp.p_value, median(b), median(c)
+        significant = p < policy.alpha
+        state = "high" if significant and effect.low > hi else "low" if significant and effect.high < lo else "pass"
+        failed = mp.fails(state)
+        words = {"high": "higher than", "low": "lower than", "pass": "within"}[state]
+        if state == "pass" and not significant:
+            detail = "no significant difference"
+        elif state == "pass":
+            detail = "significant, but the interval reaches into the tolerance"
+        else:
+            detail = f"significant and entirely {words} the tolerance"
+        reason = (f"{title}: candidate {_describe_effect(spec.scale, effect)}, p = {p:.2g}, n = {nb} / {nc}; "
+                  f"tolerance {_tolerance(mp, spec.scale)}: {detail}"
+                  f"{' — fail' + (' (critical)' if mp.critical else '') if failed else ''}")
+        return MetricResult(mp.name, state, failed, mp.critical, mp.weight, method, nb, nc, b_val, c_val, effect, p,
+                            reason)
+    # Prometheus figures only: a ratio of rates (or of p95s), no interval
+    method = "ratio of windowed rates (Prometheus), no interval"
+    nb, nc = int(round(base.counts.get(mp.name, 0))), int(round(cand.counts.get(mp.name, 0)))
+    bf, cf = base.figures.get(mp.name), cand.figures.get(mp.name)
+    if bf is None or cf is None or nb < need or nc < need:
+        why = ("no figure for " + " and ".join(s for s, f in (("the baseline", bf), ("the candidate", cf)) if f is None)
+               if bf is None or cf is None else f"{nb} baseline and {nc} candidate requests, the policy needs {need}")
+        return _insufficient(mp, method, nb, nc, why)
+    if spec.scale == "ratio":
+        if bf <= 0:
+            return _insufficient(mp, method, nb, nc, "the baseline's figure is 0")
+        point = cf / bf
+        text = f"{point:.3f}x the baseline ({_fmt(cf, spec.unit)} vs {_fmt(bf, spec.unit)})"
+    else:
+        point = cf - bf
+        text = f"{point:+.4f} vs the baseline ({cf:.4f} vs {bf:.4f})"
+    state = "high" if point > hi else "low" if point < lo else "pass"
+    failed = mp.fails(state)
+    reason = (f"{title}: candidate {text}, n = {nb} / {nc}; tolerance {_tolerance(mp, spec.scale)}: "
+              f"{'outside' if state != 'pass' else 'within'} (point estimate, no test)"
+              f"{' — fail' + (' (critical)' if mp.critical else '') if failed else ''}")
+    return MetricResult(mp.name, state, failed, mp.critical, mp.weight, method, nb, nc, bf, cf,
+                        Shift(point, point, point, 0.0), None, reason)
+
+
+def judge_task(task: str, policy: Policy, base: Side, cand: Side) -> TaskVerdict:
+    results = tuple(judge_metric(mp, policy, base, cand) for mp in policy.metrics)
+    judged = [r for r in results if r.state != "insufficient"]
+    weight = sum(r.weight for r in judged)
+    score = 100 * sum(r.weight for r in judged if not r.failed) / weight if weight > 0 else None
+    critical_failed = [r for r in results if r.critical and r.failed]
+    critical_missing = [r for r in results if r.critical and r.state == "insufficient"]
+    reasons: list[str] = []
+    verdict: Verdict
+    if critical_failed:
+        verdict = "fail"
+        reasons += [f"critical metric failed: {r.reason}" for r in critical_failed]
+    elif critical_missing or score is None:
+        verdict = "insufficient"
+        reasons += [f"critical metric without enough data: {r.reason}" for r in critical_missing] or [
+            "no metric had enough data"]
+    else:
+        verdict = "pass" if score >= policy.pass_score else "marginal" if score >= policy.marginal_score else "fail"
+        reasons.append(f"score {score:.0f} (pass at {policy.pass_score:g}, marginal at {policy.marginal_score:g})")
+        reasons += [f"failed: {r.reason}" for r in results if r.failed]
+    reasons += [f"not judged: {r.reason}" for r in results if r.state == "insufficient" and not r.critical]
+    return TaskVerdict(task, verdict, score, results, tuple(reasons))
+
+
+def worst(verdicts: Sequence[Verdict]) -> Verdict:
+    return min(verdicts, key=VERDICTS.index) if verdicts else "insufficient"
+
+
+def judge(policy: Policy, data: Data, baseline: str, candidate: str, tasks: Sequence[str], window: str,
+          sources: Sequence[str] = ()) -> CanaryVerdict:
+    """The verdict for every task; a task without data on a side is judged on an empty side (insufficient)."""
+    out = tuple(judge_task(t, policy, data.get((t, baseline), Side()), data.get((t, candidate), Side()))
+                for t in tasks)
+    return CanaryVerdict(baseline, candidate, window, worst([t.verdict for t in out]), out, tuple(sources))

@@ -1,0 +1,139 @@
+"""The canary policy: a YAML file parsed once into a frozen, validated `Policy`.
+
+Per metric: the direction in which a change is bad, the tolerance that separates "no
+meaningful change" from high / low, a weight for the score, and whether its failure fails the
+whole verdict. Globally: the minimum samples per side, the test's significance level, the
+interval's confidence, and the score thresholds for pass and marginal. Errors name the key.
+The documented default is `examples/canary-policy.yaml`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import yaml
+
+from specwatch.canary.samples import METRICS
+
+Direction = Literal["lower_is_better", "higher_is_better", "no_change"]
+DIRECTIONS: tuple[Direction, ...] = ("lower_is_better", "higher_is_better", "no_change")
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "examples" / "canary-policy.yaml"
+
+
+class PolicyError(ValueError):
+    """The policy file is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class MetricPolicy:
+    name: str
+    direction: Direction
+    allowed_increase: float  # ratio metrics: a fraction (0.10 = up to 1.10x); others: an absolute difference
+    allowed_decrease: float
+    weight: float
+    critical: bool
+    at_least: float | None = None  # candidate-only share metrics (output_identical): the floor
+
+    def fails(self, state: str) -> bool:
+        """Whether a high / low classification is a failure for this metric's direction."""
+        if state == "high":
+            return self.direction in ("lower_is_better", "no_change")
+        if state == "low":
+            return self.direction in ("higher_is_better", "no_change")
+        return False
+
+
+@dataclass(frozen=True)
+class Policy:
+    metrics: tuple[MetricPolicy, ...]
+    min_samples: int = 20  # per side (baseline and candidate), per task and metric
+    alpha: float = 0.05  # significance level of the Mann-Whitney test
+    confidence: float = 0.95  # of the Hodges-Lehmann / Newcombe intervals
+    pass_score: float = 90.0
+    marginal_score: float = 70.0
+
+    def metric(self, name: str) -> MetricPolicy:
+        return next(m for m in self.metrics if m.name == name)
+
+
+def _number(raw: Mapping[str, Any], key: str, where: str, default: float | None = None, low: float = 0.0,
+            high: float | None = None) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PolicyError(f"{where}.{key}: expected a number, got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise PolicyError(f"{where}.{key}: {value} is outside {low}..{high if high is not None else 'inf'}")
+    return float(value)
+
+
+def _metric(name: str, raw: Any) -> MetricPolicy:
+    where = f"metrics.{name}"
+    if name not in METRICS:
+        raise PolicyError(f"{where}: unknown metric; known: {', '.join(METRICS)}")
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{where}: expected a mapping")
+    unknown = set(raw) - {"direction", "allowed_increase", "allowed_decrease", "weight", "critical", "at_least"}
+    if unknown:
+        raise PolicyError(f"{where}: unknown keys {sorted(unknown)}")
+    direction = raw.get("direction")
+    if direction not in DIRECTIONS:
+        raise PolicyError(f"{where}.direction: expected one of {', '.join(DIRECTIONS)}, got {direction!r}")
+    critical = raw.get("critical", False)
+    if not isinstance(critical, bool):
+        raise PolicyError(f"{where}.critical: expected true or false")
+    at_least = raw.get("at_least")
+    if METRICS[name].scale == "share":
+        if at_least is None:
+            raise PolicyError(f"{where}: a candidate-only share needs `at_least` (e.g. 0.99)")
+        at_least = _number(raw, "at_least", where, high=1.0)
+    elif at_least is not None:
+        shares = ", ".join(k for k, m in METRICS.items() if m.scale == "share")
+        raise PolicyError(f"{where}.at_least: only for share metrics ({shares})")
+    return MetricPolicy(name, cast(Direction, direction), _number(raw, "allowed_increase", where, 0.0),
+                        _number(raw, "allowed_decrease", where, 0.0, high=1.0), _number(raw, "weight", where, 1.0),
+                        critical, at_least)
+
+
+def parse(doc: Any, where: str = "policy") -> Policy:
+    """A parsed YAML document to a `Policy`."""
+    if not isinstance(doc, Mapping):
+        raise PolicyError(f"{where}: expected a mapping at the top level")
+    unknown = set(doc) - {"version", "min_samples", "alpha", "confidence", "score", "metrics"}
+    if unknown:
+        raise PolicyError(f"{where}: unknown keys {sorted(unknown)}")
+    if doc.get("version", 1) != 1:
+        raise PolicyError(f"{where}.version: only version 1 exists")
+    raw_metrics = doc.get("metrics")
+    if not isinstance(raw_metrics, Mapping) or not raw_metrics:
+        raise PolicyError(f"{where}.metrics: expected a mapping of metric names to settings")
+    metrics = tuple(_metric(str(k), v) for k, v in raw_metrics.items())
+    if sum(m.weight for m in metrics) <= 0:
+        raise PolicyError(f"{where}.metrics: the weights add up to 0")
+    min_samples = doc.get("min_samples", 20)
+    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
+        raise PolicyError(f"{where}.min_samples: expected an integer of at least 2")
+    score = doc.get("score", {})
+    if not isinstance(score, Mapping):
+        raise PolicyError(f"{where}.score: expected a mapping with `pass` and `marginal`")
+    pass_score = _number(score, "pass", f"{where}.score", 90.0, high=100.0)
+    marginal = _number(score, "marginal", f"{where}.score", 70.0, high=100.0)
+    if marginal > pass_score:
+        raise PolicyError(f"{where}.score: marginal ({marginal}) above pass ({pass_score})")
+    alpha = _number(doc, "alpha", where, 0.05, high=0.5)
+    confidence = _number(doc, "confidence", where, 0.95, high=0.9999)
+    if alpha == 0 or confidence < 0.5:
+        raise PolicyError(f"{where}: alpha must be above 0 and confidence at least 0.5")
+    return Policy(metrics, min_samples, alpha, confidence, pass_score, marginal)
+
+
+def load(path: Path | None = None) -> Policy:
+    """Read and validate a policy file (default: `examples/canary-policy.yaml`)."""
+    path = path or DEFAULT_POLICY
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise PolicyError(f"policy {path}: {exc}") from None
+    return parse(doc, str(path))

@@ -1,0 +1,161 @@
+"""Two-sample statistics for the canary judge, in pure Python: Mann-Whitney U, Hodges-Lehmann, Newcombe.
+
+- `mann_whitney(x, y)`: U of `x` (R1 - n1(n1+1)/2, mid-ranks for ties), the normal
+  approximation with the tie correction and a 0.5 continuity correction, two-sided p-value.
+  The same numbers as `scipy.stats.mannwhitneyu(x, y, method="asymptotic")`.
+- `hodges_lehmann(x, y, confidence)`: the shift of `x` relative to `y`, the median of the
+  n1 * n2 pairwise differences x_i - y_j, with the distribution-free (Moses) interval from
+  their order statistics: [d_(k), d_(N-k+1)] with k = floor(N/2 - z * sqrt(n1 n2 (n1+n2+1) / 12)),
+  N = n1 n2 (normal approximation of U's null distribution, no tie correction).
+  Above `MAX_PER_SIDE` samples a side is thinned to that many evenly spaced order statistics
+  for the estimate and interval only (the interval gets wider, never narrower than the data allow).
+- `newcombe(k1, n1, k2, n2, confidence)`: p1 - p2 with Newcombe's hybrid score interval
+  (from two Wilson intervals) and the pooled two-proportion z-test, for error ratios.
+
+`compare()` applies them to one metric: on the log scale for positive, ratio-like metrics
+(the effect and its interval are then candidate / baseline ratios, exp of the log shift);
+on the natural scale for bounded ones (the effect is candidate - baseline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+MAX_PER_SIDE = 2000  # 4 million pairwise differences at most: a few seconds in pure Python
+
+
+@dataclass(frozen=True)
+class MannWhitney:
+    u: float  # U of the first sample
+    z: float  # standardised max(U1, U2), continuity-corrected
+    p_value: float  # two-sided
+
+
+@dataclass(frozen=True)
+class Shift:
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+
+
+def _norm_sf(z: float) -> float:
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def ranks(values: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Mid-ranks (1-based) of `values` and the sizes of the tie groups."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    out = [0.0] * len(values)
+    ties: list[int] = []
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        mid = (i + j) / 2 + 1
+        for pos in range(i, j + 1):
+            out[order[pos]] = mid
+        ties.append(j - i + 1)
+        i = j + 1
+    return out, ties
+
+
+def mann_whitney(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
+    """Two-sided Mann-Whitney U test (normal approximation, tie and continuity corrections)."""
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("mann_whitney: both samples need at least one value")
+    r, ties = ranks([*x, *y])
+    u1 = sum(r[:n1]) - n1 * (n1 + 1) / 2
+    u = max(u1, n1 * n2 - u1)
+    n = n1 + n2
+    tie_term = sum(t ** 3 - t for t in ties)
+    variance = n1 * n2 / 12 * ((n + 1) - (tie_term / (n * (n - 1)) if n > 1 else 0.0))
+    if variance <= 0:  # every value equal: no evidence of a difference
+        return MannWhitney(u1, 0.0, 1.0)
+    z = (u - n1 * n2 / 2 - 0.5) / math.sqrt(variance)
+    return MannWhitney(u1, z, min(1.0, 2 * _norm_sf(z)))
+
+
+def _thin(values: Sequence[float], limit: int) -> list[float]:
+    s = sorted(values)
+    if len(s) <= limit:
+        return s
+    return [s[round(i * (len(s) - 1) / (limit - 1))] for i in range(limit)]
+
+
+def _median_sorted(s: Sequence[float]) -> float:
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
+def median(values: Sequence[float]) -> float:
+    return _median_sorted(sorted(values))
+
+
+def hodges_lehmann(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> Shift:
+    """Shift of x relative to y: the median of x_i - y_j, with its distribution-free interval."""
+    if not x or not y:
+        raise ValueError("hodges_lehmann: both samples need at least one value")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence {confidence}: expected a value in (0, 1)")
+    xs, ys = _thin(x, MAX_PER_SIDE), _thin(y, MAX_PER_SIDE)
+    n1, n2 = len(xs), len(ys)
+    diffs = sorted(a - b for a in xs for b in ys)
+    total = len(diffs)
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    k = math.floor(total / 2 - z * math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12))
+    k = max(k, 1)  # too few samples for this confidence: the interval is the whole range
+    return Shift(_median_sorted(diffs), diffs[k - 1], diffs[total - k], confidence)
+
+
+def wilson(k: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson score interval of a proportion k / n."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe(k1: int, n1: int, k2: int, n2: int, confidence: float = 0.95) -> tuple[Shift, float]:
+    """p1 - p2 with Newcombe's hybrid score interval, and the pooled z-test's two-sided p-value."""
+    if n1 <= 0 or n2 <= 0:
+        raise ValueError("newcombe: both sides need at least one trial")
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p1, p2 = k1 / n1, k2 / n2
+    l1, u1 = wilson(k1, n1, z)
+    l2, u2 = wilson(k2, n2, z)
+    d = p1 - p2
+    shift = Shift(d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2),
+                  confidence)
+    pooled = (k1 + k2) / (n1 + n2)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+    p_value = 1.0 if se == 0 else min(1.0, 2 * _norm_sf(abs(d) / se))
+    return shift, p_value
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate against baseline for one metric: the test and the effect on the metric's scale."""
+
+    p_value: float
+    effect: Shift  # a ratio (log scale) or a difference (natural scale)
+    u: float | None = None  # Mann-Whitney U of the candidate sample
+
+
+def compare(baseline: Sequence[float], candidate: Sequence[float], log_scale: bool,
+            confidence: float = 0.95) -> Comparison:
+    """Mann-Whitney on the samples; Hodges-Lehmann on logs (-> a ratio) or on the values (-> a difference)."""
+    test = mann_whitney(candidate, baseline)  # ranks do not change under log
+    if log_scale:
+        if min(baseline) <= 0 or min(candidate) <= 0:
+            raise ValueError("log scale needs positive values")
+        s = hodges_lehmann([math.log(v) for v in candidate], [math.log(v) for v in baseline], confidence)
+        effect = Shift(math.exp(s.estimate), math.exp(s.low), math.exp(s.high), confidence)
+    else:
+        effect = hodges_lehmann(candidate, baseline, confidence)
+    return Comparison(test.p_value, effect, test.u)

@@ -1,0 +1,341 @@
+"""`specwatch canary` end to end: simulators (real processes), the exporter with its event log, Locust, Prometheus.
+
+The truth is set by the data (which servers, which drafter, which traffic and concurrency);
+every case reads the one default policy, `examples/canary-policy.yaml`. One case runs on the
+real vLLM 0.32.0 CPU server.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from specwatch import cli
+from specwatch.canary import policy as policy_mod
+from specwatch.canary.cli import EXIT_FAIL, EXIT_INSUFFICIENT, EXIT_PASS
+from specwatch.canary.samples import METRICS
+from specwatch.net import free_port
+from specwatch.promconfig.server import PrometheusServer, Targets
+from specwatch.vllm_cpu.server import VllmServer
+from specwatch.vllm_metrics import samples
+from specwatch.workloads import article_rows, write_article_workloads
+from tests.conftest import NGRAM_SIM_ARGS, Service
+
+TOKEN_ENV = "SPECWATCH_TEST_CANARY_TOKEN"
+
+
+def sim_args(scale: float, *extra: str) -> list[str]:
+    return ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096", "--max-num-seqs", "256",
+            "--seed", "42", "--sim-time-scale", str(scale), *extra]
+
+
+def ngram_args(scale: float) -> list[str]:
+    args = list(NGRAM_SIM_ARGS)
+    args[args.index("--sim-time-scale") + 1] = str(scale)
+    return args
+
+
+# A draft model the target rarely agrees with on chat (k = 5): every step pays five draft passes
+# and a six-token verify for about 1.4 tokens.
+WEAK_DRAFTER = ["--per-request-spec-decode-metrics", "summary", "--speculative-config",
+                json.dumps({"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 5}),
+                "--sim-draft-acceptance", "0.35,0.3,0.3,0.3,0.3"]
+
+
+@dataclass
+class Stack:
+    baseline: Service
+    candidate: Service
+    tap: Service
+    events: Path
+    token: str
+    folder: Path
+    services: list[Service]
+
+    def stop(self) -> None:
+        for s in self.services:
+            s.stop()
+
+
+def start_stack(folder: Path, baseline_args: list[str], candidate_args: list[str], split: int = 50) -> Stack:
+    folder.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(16)
+    services: list[Service] = []
+    try:
+        baseline = Service("sim", baseline_args, folder / "baseline.log")
+        services.append(baseline)
+        candidate = Service("sim", candidate_args, folder / "candidate.log")
+        services.append(candidate)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(TOKEN_ENV, token)  # the exporter reads it at start
+            tap = Service("exporter", ["--upstream", f"baseline={baseline.url}", "--upstream",
+                                       f"candidate={candidate.url}", "--split", f"candidate={split}",
+                                       "--event-log", str(folder / "events.jsonl"), "--admin-token-env", TOKEN_ENV],
+                          folder / "exporter.log", "/healthz")
+        services.append(tap)
+    except BaseException:
+        for s in services:
+            s.stop()
+        raise
+    return Stack(baseline, candidate, tap, folder / "events.jsonl", token, folder, services)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("workloads")
+    write_article_workloads(out, lang="en")
+    return out
+
+
+def load(stack: Stack, data: Path, task: str, concurrency: int, requests_: int, max_tokens: int = 64) -> None:
+    """Real Locust through the exporter: `requests_` measured requests of one task, fixed work per request."""
+    out = stack.folder / f"load-{task}-{concurrency}"
+    code = cli.main(["load", "--target", stack.tap.url, "--task", f"{task}={data / f'{task}.jsonl'}",
+                     "--ignore-eos", "--max-tokens", str(max_tokens), "--concurrency", str(concurrency),
+                     "--requests", str(requests_), "--warmup", "0", "--max-seconds", "240", "--out", str(out)])
+    assert code == cli.EXIT_OK, (out / "locust.log").read_text()[-2000:] if (out / "locust.log").exists() else code
+
+
+def canary(out: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    code = cli.main(["canary", "--window", "10m", "--out", str(out), *args])
+    doc = json.loads((out / "canary.json").read_text()) if (out / "canary.json").exists() else {}
+    return code, doc
+
+
+def metric(doc: dict[str, Any], task: str, name: str) -> dict[str, Any]:
+    t = next(t for t in doc["tasks"] if t["task"] == task)
+    found: dict[str, Any] = next(m for m in t["metrics"] if m["metric"] == name)
+    return found
+
+
+def requests_by_variant(url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (name, labels), value in samples(requests.get(url + "/metrics", timeout=10).text).items():
+        if name == "specwatch_requests_total":
+            variant = dict(labels)["variant"]
+            out[variant] = out.get(variant, 0.0) + value
+    return out
+
+
+def chat(url: str, prompt: str, max_tokens: int = 16, variant: str | None = None, task: str = "chat") -> None:
+    headers = {"X-Specwatch-Task": task, **({"X-Specwatch-Variant": variant} if variant else {})}
+    body = {"model": "spec-demo", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    with requests.post(url + "/v1/chat/completions", json=body, headers=headers, stream=True, timeout=120) as r:
+        assert r.status_code == 200, r.text
+        for _ in r.iter_lines():
+            pass
+
+
+# -- the cases -----------------------------------------------------------------------------------------------
+def test_ngram_candidate_on_code_at_concurrency_1_passes(data: Path, tmp_path: Path) -> None:
+    """Prompt lookup on code edits (the output copies the prompt) at concurrency 1: much faster per token."""
+    stack = start_stack(tmp_path / "stack", sim_args(0.1), ngram_args(0.1))
+    try:
+        load(stack, data, "code", concurrency=1, requests_=80)
+        code, doc = canary(tmp_path / "report", "--event-log", str(stack.events), "--task", "code")
+    finally:
+        stack.stop()
+    assert code == EXIT_PASS, (tmp_path / "report" / "canary.md").read_text()
+    assert doc["verdict"] == "pass"
+    tpot = metric(doc, "code", "tpot")
+    assert tpot["state"] == "low" and not tpot["failed"]  # faster, significantly and beyond the tolerance
+    assert tpot["effect"]["high"] < 0.9
+    assert tpot["n_baseline"] + tpot["n_candidate"] == 80  # every measured request, each on one side
+    # the baseline does not speculate: acceptance is not compared, and that is said, not scored
+    assert metric(doc, "code", "acceptance_rate")["state"] == "insufficient"
+    assert "PASS" in (tmp_path / "report" / "canary.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def draft_stack(data: Path, tmp_path_factory: pytest.TempPathFactory,
+                prometheus_factory: Any) -> Iterator[tuple[Stack, PrometheusServer]]:
+    """Baseline against a weak draft-model candidate, chat at 48 in flight, half of the traffic each."""
+    stack = start_stack(tmp_path_factory.mktemp("draft"), sim_args(0.5), sim_args(0.5, *WEAK_DRAFTER))
+    try:
+        prom = prometheus_factory(Targets({"baseline": stack.baseline.url, "candidate": stack.candidate.url},
+                                          (stack.tap.url,)))
+        prom.wait_until_up(3)
+        load(stack, data, "chat", concurrency=48, requests_=96)
+        prom.wait_for_sum("specwatch_requests_total", 96)
+        yield stack, prom
+    finally:
+        stack.stop()
+
+
+def test_draft_model_candidate_at_high_concurrency_fails_on_tpot(
+        draft_stack: tuple[Stack, PrometheusServer], tmp_path: Path) -> None:
+    stack, prom = draft_stack
+    code, doc = canary(tmp_path, "--event-log", str(stack.events), "--prometheus", prom.url, "--task", "chat")
+    assert code == EXIT_FAIL, (tmp_path / "canary.md").read_text()
+    tpot = metric(doc, "chat", "tpot")
+    assert (tpot["state"], tpot["failed"], tpot["critical"]) == ("high", True, True)
+    assert tpot["effect"]["low"] > 1.1 and tpot["p_value"] < 0.05
+    task = doc["tasks"][0]
+    assert task["verdict"] == "fail" and task["reasons"][0].startswith("critical metric failed: TPOT")
+    # ITL p95 exists only in Prometheus: judged there, as a ratio without an interval
+    itl = metric(doc, "chat", "itl_p95")
+    assert itl["state"] != "insufficient" and "Prometheus" in itl["method"] and itl["p_value"] is None
+    assert itl["n_baseline"] + itl["n_candidate"] == 96
+
+
+def test_prometheus_alone_reaches_the_same_verdict(draft_stack: tuple[Stack, PrometheusServer],
+                                                   tmp_path: Path) -> None:
+    stack, prom = draft_stack
+    code, doc = canary(tmp_path, "--prometheus", prom.url, "--window", "5m")
+    assert code == EXIT_FAIL, (tmp_path / "canary.md").read_text()
+    tpot = metric(doc, "chat", "tpot")
+    assert tpot["state"] == "high" and "Prometheus" in tpot["method"]
+    assert tpot["n_baseline"] + tpot["n_candidate"] == 96
+
+
+def test_watch_stops_the_split_when_the_verdict_fails(draft_stack: tuple[Stack, PrometheusServer],
+                                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack, _ = draft_stack
+    monkeypatch.setenv("SPECWATCH_ADMIN_TOKEN", stack.token)
+    auth = {"Authorization": f"Bearer {stack.token}"}
+    assert requests.get(stack.tap.url + "/admin/weights", headers=auth, timeout=5).json() == {
+        "weights": {"candidate": 50.0}}
+    code, doc = canary(tmp_path, "--event-log", str(stack.events), "--task", "chat", "--watch", "--interval", "1",
+                       "--rounds", "3", "--stop-split", "--push-to", stack.tap.url)
+    assert code == EXIT_FAIL
+    assert requests.get(stack.tap.url + "/admin/weights", headers=auth, timeout=5).json() == {
+        "weights": {"candidate": 0.0}}
+    exposition = samples(requests.get(stack.tap.url + "/metrics", timeout=5).text)
+    assert exposition[("specwatch_canary_verdict", (("task", "chat"), ("verdict", "fail")))] == 1
+    assert exposition[("specwatch_canary_verdict", (("task", "chat"), ("verdict", "pass")))] == 0
+    before = requests_by_variant(stack.tap.url)
+    for i in range(12):
+        chat(stack.tap.url, f"after the stop {i}")
+    after = requests_by_variant(stack.tap.url)
+    assert after["candidate"] == before["candidate"] and after["baseline"] == before["baseline"] + 12
+
+
+def test_identical_configs_pass_with_their_intervals_inside_the_tolerance(data: Path, tmp_path: Path) -> None:
+    stack = start_stack(tmp_path / "stack", sim_args(0.2), sim_args(0.2))
+    try:
+        for task in ("code", "chat"):
+            load(stack, data, task, concurrency=4, requests_=100)
+        code, doc = canary(tmp_path / "report", "--event-log", str(stack.events))
+    finally:
+        stack.stop()
+    assert code == EXIT_PASS, (tmp_path / "report" / "canary.md").read_text()
+    assert [t["task"] for t in doc["tasks"]] == ["chat", "code"]  # every task seen, none given
+    policy = {m.name: m for m in policy_mod.load().metrics}
+    for task in doc["tasks"]:
+        assert task["verdict"] == "pass" and task["score"] == 100
+        for m in task["metrics"]:
+            if m["state"] == "insufficient":
+                assert m["metric"] in ("acceptance_rate", "itl_p95", "output_identical")  # no drafts, no Prometheus
+                continue
+            assert m["state"] == "pass"
+            e, p = m["effect"], policy[m["metric"]]
+            assert e["low"] <= e["estimate"] <= e["high"]
+            if METRICS[m["metric"]].scale != "ratio":
+                continue
+            # no change: every estimate inside the tolerance; where the metric is per token (TPOT, e2e and
+            # speed with fixed output lengths) the whole interval too. TTFT varies too much at 50 requests
+            # per side for its interval to fit inside +-20 % every time, so only its estimate is held to it.
+            assert 1 - p.allowed_decrease < e["estimate"] < 1 + p.allowed_increase, (task["task"], m)
+            if m["metric"] != "ttft":
+                assert 1 - p.allowed_decrease <= e["low"] and e["high"] <= 1 + p.allowed_increase, (task["task"], m)
+
+
+def test_too_few_requests_is_insufficient_data_and_is_pushed(data: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = start_stack(tmp_path / "stack", sim_args(0.1), ngram_args(0.1))
+    try:
+        load(stack, data, "code", concurrency=2, requests_=6)
+        monkeypatch.setenv("SPECWATCH_ADMIN_TOKEN", stack.token)
+        code, doc = canary(tmp_path / "report", "--event-log", str(stack.events), "--task", "code", "--task", "chat",
+                           "--push-to", stack.tap.url)
+        exposition = samples(requests.get(stack.tap.url + "/metrics", timeout=5).text)
+    finally:
+        stack.stop()
+    assert code == EXIT_INSUFFICIENT
+    assert doc["verdict"] == "insufficient"
+    for task in doc["tasks"]:
+        assert task["verdict"] == "insufficient" and task["score"] is None
+        assert "insufficient data" in task["reasons"][0]
+    tpot = metric(doc, "code", "tpot")
+    assert tpot["n_baseline"] + tpot["n_candidate"] == 6
+    for task in ("code", "chat"):
+        assert exposition[("specwatch_canary_verdict", (("task", task), ("verdict", "insufficient")))] == 1
+        assert exposition[("specwatch_canary_verdict", (("task", task), ("verdict", "pass")))] == 0
+
+
+def test_admin_endpoint_needs_the_token_and_then_sends_everything_to_the_baseline(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path / "stack", sim_args(0.05), sim_args(0.05))
+    plain = None
+    try:
+        url = stack.tap.url + "/admin/weights"
+        assert requests.post(url, json={"candidate": 0}, timeout=5).status_code == 401
+        wrong = requests.post(url, json={"candidate": 0}, headers={"Authorization": "Bearer nope"}, timeout=5)
+        assert wrong.status_code == 401
+        auth = {"Authorization": f"Bearer {stack.token}"}
+        assert requests.post(url, json={"nosuch": 0}, headers=auth, timeout=5).status_code == 400
+        assert requests.post(url, json={"candidate": 101}, headers=auth, timeout=5).status_code == 400
+        for i in range(16):  # the 50 % split before the stop: both routes serve (all on one: p = 2^-15)
+            chat(stack.tap.url, f"before {i}")
+        before = requests_by_variant(stack.tap.url)
+        assert before["candidate"] > 0 and before["baseline"] > 0
+        ok = requests.post(url, json={"candidate": 0}, headers=auth, timeout=5)
+        assert ok.status_code == 200 and ok.json() == {"weights": {"candidate": 0.0}}
+        for i in range(16):
+            chat(stack.tap.url, f"after {i}")
+        after = requests_by_variant(stack.tap.url)
+        assert after["candidate"] == before["candidate"] and after["baseline"] == before["baseline"] + 16
+        # without a configured token there is no admin endpoint, and /admin/ is never proxied upstream
+        plain = Service("exporter", ["--upstream", f"baseline={stack.baseline.url}"], tmp_path / "plain.log",
+                        "/healthz")
+        refused = requests.post(plain.url + "/admin/weights", json={"baseline": 0}, headers=auth, timeout=5)
+        assert refused.status_code == 404 and refused.text == "404: Not Found"
+    finally:
+        stack.stop()
+        if plain is not None:
+            plain.stop()
+    assert stack.token not in (stack.folder / "exporter.log").read_text()
+
+
+@pytest.mark.real_vllm
+def test_real_vllm_a_against_a_passes_with_acceptance_compared(ngram_server: VllmServer, tmp_path: Path) -> None:
+    """An A/A canary on the real server: the n-gram server under two route names. Same engine, same
+    config: the verdict must pass, and unlike the simulator cases both sides speculate, so the
+    acceptance rate is compared too. The same 20 prompts go to each side, pinned, in a shuffled
+    order with two in flight: a fixed order (baseline first in every pair) makes the candidate
+    wait for the baseline's prefill, a real TTFT difference the canary rightly reports."""
+    folder = tmp_path / "real"
+    folder.mkdir()
+    tap = Service("exporter", ["--upstream", f"baseline={ngram_server.url}", "--upstream",
+                               f"candidate={ngram_server.url}", "--event-log", str(folder / "events.jsonl")],
+                  folder / "exporter.log", "/healthz")
+    rows = article_rows("code", "en", 20)
+    jobs = [(v, row) for row in rows for v in ("baseline", "candidate")]
+    random.Random(0).shuffle(jobs)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda job: chat(tap.url, job[1].prompt, 16, job[0], "code"), jobs))
+        code, doc = canary(folder / "report", "--event-log", str(folder / "events.jsonl"), "--task", "code")
+    finally:
+        tap.stop()
+    assert code == EXIT_PASS, (folder / "report" / "canary.md").read_text()
+    acceptance = metric(doc, "code", "acceptance_rate")
+    assert acceptance["state"] == "pass" and acceptance["n_baseline"] == acceptance["n_candidate"] == 20
+    assert acceptance["effect"]["low"] <= 0 <= acceptance["effect"]["high"]
+
+
+def test_usage_errors_are_exit_2(tmp_path: Path) -> None:
+    assert cli.main(["canary", "--baseline", "b", "--candidate", "c"]) == 2  # no source
+    assert cli.main(["canary", "--event-log", str(tmp_path / "x"), "--window", "ten"]) == 2
+    assert cli.main(["canary", "--event-log", str(tmp_path / "x"), "--stop-split"]) == 2
+    assert cli.main(["canary", "--event-log", str(tmp_path / "missing.jsonl")]) == 1
+    assert cli.main(["canary", "--prometheus", f"http://127.0.0.1:{free_port()}"]) == 1
