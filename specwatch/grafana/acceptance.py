@@ -72,6 +72,23 @@ def _server() -> Section:
                    targets((f"variant:vllm_spec_decode_num_draft_tokens:{LIVE}{{{V}}}", "drafted {{variant}}"),
                            (f"variant:vllm_spec_decode_num_accepted_tokens:{LIVE}{{{V}}}", "accepted {{variant}}")),
                    TOKENS_PER_S, w=8, min_=0),
+        timeseries("Acceptance rate per replica", "The same ratio per scrape target (a vLLM pod or process): "
+                   "accepted / draft tokens of each replica over the last minute. Replicas of one variant serve "
+                   "the same config, so their lines should overlap; one that stays apart has a different draft, "
+                   "model revision or traffic.",
+                   targets((f"sum by (variant, instance) (rate(vllm:spec_decode_num_accepted_tokens_total{{{V}}}[1m]))"
+                            f" / (sum by (variant, instance) (rate(vllm:spec_decode_num_draft_tokens_total{{{V}}}[1m]))"
+                            " > 0)", "{{variant}} · {{instance}}")),
+                   RATIO, min_=0, max_=1, steps=ACCEPTANCE_STEPS),
+        timeseries("Replica / its variant", "Each replica's acceptance rate divided by its variant's (all replicas "
+                   "summed), over the last minute. 1.0 is the peer average; a replica far from 1 for long is the one "
+                   "to inspect.",
+                   targets((f"(sum by (variant, instance) (rate(vllm:spec_decode_num_accepted_tokens_total{{{V}}}[1m]))"
+                            f" / (sum by (variant, instance) (rate(vllm:spec_decode_num_draft_tokens_total{{{V}}}[1m]))"
+                            f" > 0)) / ignoring (instance) group_left () "
+                            f"variant:vllm_spec_decode_acceptance_rate:ratio_{LIVE}{{{V}}}",
+                            "{{variant}} · {{instance}}")),
+                   RATIO, min_=0, decimals=2),
     ])
 
 
