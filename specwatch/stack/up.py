@@ -66,7 +66,8 @@ class StackConfig:
     max_tokens: int = 64
     duration: float | None = None    # web UI: stop after this many seconds (default: Ctrl+C)
     sim_time_scale: float = 1.0
-    grafana_password: str | None = None   # from the environment (GRAFANA_ADMIN_PASSWORD); None: no Grafana
+    # from the environment (GRAFANA_ADMIN_PASSWORD); None: no Grafana. Kept out of repr (logs, tracebacks).
+    grafana_password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
