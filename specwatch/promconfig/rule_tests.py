@@ -22,6 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from specwatch.promconfig import rules as R
+from specwatch.promconfig.generated import write_or_check
 
 INTERVAL_S = 15
 STEPS = 40                 # samples 0..40: ten minutes
@@ -421,16 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("prometheus/tests"), help="folder for " + TESTS_FILE)
     parser.add_argument("--check", action="store_true", help="exit 3 when the committed file is not current")
     args = parser.parse_args(argv)
-    path: Path = args.out / TESTS_FILE
-    text = render()
-    if args.check:
-        if not path.exists() or path.read_text() != text:
-            print(f"{path} is not current: run `make generate`", file=sys.stderr)
-            return 3
-        return 0
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
+    return write_or_check(args.out / TESTS_FILE, render(), args.check)
 
 
 if __name__ == "__main__":

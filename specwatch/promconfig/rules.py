@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specwatch.promconfig.generated import write_or_check
+
 FAST = "1m"  # live panels
 SLOW = "5m"  # alerts, canary ratios, reports
 WINDOWS = (FAST, SLOW)
@@ -289,17 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("prometheus/rules"), help="folder for " + RULES_FILE)
     parser.add_argument("--check", action="store_true", help="exit 3 when the committed file is not current")
     args = parser.parse_args(argv)
-    path: Path = args.out / RULES_FILE
-    text = render(recording_groups())
-    if args.check:
-        current = path.read_text() if path.exists() else ""
-        if current != text:
-            print(f"{path} is not current: run `make generate`", file=sys.stderr)
-            return 3
-        return 0
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
+    return write_or_check(args.out / RULES_FILE, render(recording_groups()), args.check)
 
 
 if __name__ == "__main__":
