@@ -18,6 +18,8 @@ from specwatch.backends.base import port_open
 from specwatch.config import Home
 from specwatch.experiment import PlanError, parse_plan
 from specwatch.experiment.runner import variant_args
+from specwatch.grafana import key_queries
+from specwatch.report import results
 
 REPO = Path(__file__).parents[1]
 NGRAM = "{method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}"
@@ -49,9 +51,10 @@ def _spec_fields(variant: Path) -> list[dict[str, Any] | None]:
 def test_a_small_plan_end_to_end_on_the_simulator(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(SMALL)
-    code = cli.main(["experiment", str(plan), "--out", str(tmp_path / "results"), "--run-id", "r1"])
+    code = cli.main(["experiment", str(plan), "--out", str(tmp_path / "results"), "--run-id", "r1", "--no-prometheus"])
     assert code == cli.EXIT_OK
     run = tmp_path / "results" / "r1"
+    assert not (run / "timeline.json").exists() and not (run / "prometheus").exists()
     assert (run / "plan.yaml").read_text() == SMALL
     record = json.loads((run / "run.json").read_text())
     assert record["variants"] == ["baseline", "ngram"] and set(record["inputs_sha256"]) == {
@@ -96,6 +99,61 @@ def test_a_small_plan_end_to_end_on_the_simulator(tmp_path: Path) -> None:
     assert texts["baseline"] == texts["ngram"]
 
 
+GAIN = f"""
+name: gain
+backend: {{kind: sim, args: ["--sim-time-scale", "1"]}}
+model: Qwen/Qwen3-8B
+tasks: {{code: article}}
+warmup_requests: 1
+acceptance: {{rows: 2, max_tokens: 32}}
+performance: {{concurrencies: [1, 8], requests: 24, warmup: 1, max_tokens: 64, ignore_eos: true}}
+variants:
+  baseline: {{}}
+  ngram:
+    speculative_config: {NGRAM}
+"""
+
+
+def test_on_the_simulator_the_gain_shrinks_from_concurrency_1_to_8_and_prometheus_records_the_run(
+        tmp_path: Path) -> None:
+    """The article's reading "faster at concurrency 1, less so at 8" through the whole runner with Locust, on the
+    simulator's calibration; and the timeline the report plots.
+
+    Two things make n-gram's TPOT gain on code smaller at 8: a k = 4 verify step costs 5.12 / 4.84 = 1.058 x a plain
+    step at batch 1 but 5.63 / 5.19 = 1.085 x at batch 8 (../shared/reference/h200-step-times.md, context 512), and
+    at 8 every new request's prefill shares a step with the others' decoding, which costs a fast speculative
+    stream proportionally more. Three runs of this plan: gain(8) / gain(1) = 0.836-0.882 (gain(1) 4.25-4.27).
+    """
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(GAIN)
+    assert cli.main(["experiment", str(plan), "--out", str(tmp_path / "results"), "--run-id", "g"]) == cli.EXIT_OK
+    run = results.load(tmp_path / "results" / "g")
+    base, ngram = run.variant("baseline"), run.variant("ngram")
+    assert base is not None and ngram is not None
+    gain = {c: base.perf[c]["code"]["tpot_ms"]["p50"] / ngram.perf[c]["code"]["tpot_ms"]["p50"] for c in (1, 8)}
+    assert gain[1] > 3 and gain[8] / gain[1] < 0.95, gain
+    # Prometheus scraped both servers under their variant names; the key panels' queries came back
+    timeline = run.timeline
+    assert timeline is not None and set(timeline["variants"]) == {"baseline", "ngram"}
+    assert [(q["dashboard"], q["panel"]) for q in timeline["queries"]] == list(key_queries.KEY_PANELS)
+    for q, key in zip(timeline["queries"], key_queries.key_queries(), strict=True):
+        assert [t["expr"] for t in q["targets"]] == [key_queries.substitute(e) for e, _ in key.exprs]
+    series = {v: timeline["variants"][v]["series"] for v in ("baseline", "ngram")}
+    rate = series["ngram"]["Server acceptance rate"]
+    assert rate and all(line["labels"]["variant"] == "ngram" for line in rate)
+    assert all(0 < value <= 1 for line in rate for _, value in line["points"])
+    assert series["baseline"]["Server acceptance rate"] == []  # no drafts, no ratio (`> 0` on the denominator)
+    for variant in ("baseline", "ngram"):
+        tpot = series[variant]["TPOT p50 / p95 / p99 (server side)"]
+        assert {line["labels"]["quantile"] for line in tpot} == {"0.5", "0.95", "0.99"}
+        window = timeline["variants"][variant]["window"]
+        assert all(0 <= t <= window[1] - window[0] + 11 for line in tpot for t, _ in line["points"])
+    assert cli.main(["report", str(tmp_path / "results" / "g")]) == cli.EXIT_OK
+    md = (tmp_path / "results" / "g" / "report" / "report.md").read_text()
+    assert "## Dashboard queries over the run" in md and "![dashboard_queries](dashboard_queries.png)" in md
+    assert "variant:vllm_spec_decode_acceptance_rate:ratio_rate1m{variant=~\".*\"}" in md
+
+
 INTERRUPTIBLE = f"""
 backend: {{kind: sim, args: ["--sim-time-scale", "0.3"]}}
 model: Qwen/Qwen3-8B
@@ -116,7 +174,8 @@ def test_an_interrupted_run_resumes_without_redoing_a_finished_variant(tmp_path:
     plan = tmp_path / "plan.yaml"
     plan.write_text(INTERRUPTIBLE)
     out = tmp_path / "results"
-    command = [sys.executable, "-m", "specwatch.cli", "experiment", str(plan), "--out", str(out), "--run-id", "r"]
+    command = [sys.executable, "-m", "specwatch.cli", "experiment", str(plan), "--out", str(out), "--run-id", "r",
+               "--no-prometheus"]
     first = out / "r" / "variants" / "first" / "status.json"
     base = out / "r" / "variants" / "base"
     # its own process group, interrupted as a terminal's Ctrl+C would be (Locust included)

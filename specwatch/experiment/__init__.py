@@ -2,7 +2,8 @@
 
 Modules: `plan` (YAML in, a validated frozen `Plan` out), `runner` (the order of things),
 `passes` (warm-up, acceptance, Locust performance, reconciliation), `environment` (what ran),
-`layout` (where results go), `cli` (the verb). Servers come from `specwatch.backends`.
+`timeline` (Prometheus beside the study), `layout` (where results go), `cli` (the verb).
+Servers come from `specwatch.backends`.
 
 Results layout, written as it is produced (every file through a temporary name and a rename):
 
@@ -31,6 +32,10 @@ Results layout, written as it is produced (every file through a temporary name a
         status.json                 written LAST: state done (ok: checks passed) or failed (error),
                                     timings, how the server was confirmed gone
       interrupted/<name>-<time>/    an unfinished variant's partial results, set aside on --resume
+      prometheus/                   the Prometheus that scraped each variant's server (config, data, log),
+                                    when `prometheus` is on PATH and not --no-prometheus
+      timeline.json                 the key dashboard queries (specwatch.grafana.key_queries) over each
+                                    finished variant's window, 5 s steps: what the report plots over the run
 
 A variant with `state: done` is skipped by `--resume` and never rewritten; any other variant
 is set aside and redone from the start of its server.

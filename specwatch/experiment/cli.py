@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", help="the run's folder name under --out (default: the start time)")
     p.add_argument("--resume", action="store_true",
                    help="finish the run --run-id: skip finished variants, redo an unfinished one")
+    p.add_argument("--no-prometheus", action="store_true",
+                   help="do not run Prometheus beside the study (the report then has no dashboard queries over "
+                        "the run); by default it runs when `prometheus` is on PATH")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -50,7 +53,8 @@ def run_cli(home: Home, args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     console = Console(stderr=True)
     try:
-        result = run_plan(plan, RunOptions(args.out, run_id, home, args.resume, dict(os.environ)), console)
+        result = run_plan(plan, RunOptions(args.out, run_id, home, args.resume, dict(os.environ),
+                                           prometheus=None if args.no_prometheus else "prometheus"), console)
     except RunConflict as exc:
         print(f"specwatch experiment: {exc}", file=sys.stderr)
         return EXIT_USAGE

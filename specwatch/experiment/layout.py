@@ -104,6 +104,22 @@ class RunFolder:
     def inputs(self) -> Path:
         return self.root / "inputs"
 
+    @property
+    def prometheus(self) -> Path:
+        return self.root / "prometheus"
+
+    @property
+    def timeline(self) -> Path:
+        return self.root / "timeline.json"
+
+    def timeline_variants(self) -> set[str]:
+        """The variants `timeline.json` already holds."""
+        try:
+            value = json.loads(self.timeline.read_text())
+        except (OSError, ValueError):
+            return set()
+        return set(value.get("variants", {})) if isinstance(value, dict) else set()
+
     def variant(self, name: str) -> VariantFolder:
         return VariantFolder(self.root / "variants" / name)
 

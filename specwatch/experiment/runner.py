@@ -14,6 +14,7 @@ import shutil
 import time
 import traceback
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from specwatch.config import Home
 from specwatch.experiment import environment, passes
 from specwatch.experiment.layout import DONE, FAILED, RunFolder, VariantFolder, sha256_file, write_json, write_text
 from specwatch.experiment.plan import Plan, Variant
+from specwatch.experiment.timeline import PrometheusError, Timeline, Window
 from specwatch.net import free_port
 from specwatch.vllm_cpu.server import serve_argv
 from specwatch.workloads import Row, load_jsonl, write_article_workloads
@@ -44,6 +46,7 @@ class RunOptions:
     resume: bool = False
     environ: Mapping[str, str] = field(default_factory=dict)
     health: HealthCheck = wait_http_health
+    prometheus: str | None = "prometheus"   # the binary that records the timeline; None: no Prometheus
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,9 @@ class Runner:
         self.plan, self.options, self.console = plan, options, console
         self.run = RunFolder(options.out / options.run_id)
         self.backends: dict[str, Backend] = {}
-        self.help: dict[str, str | None] = {}
+        self.help: dict[str, Future[str | None]] = {}
+        self.helpers = ThreadPoolExecutor(1, thread_name_prefix="server-help")
+        self.timeline: Timeline | None = None
         self.workloads: dict[str, Path] = {}
         self.rows: dict[str, list[Row]] = {}
         self.inputs: dict[str, str] = {}
@@ -149,6 +154,49 @@ class Runner:
 
     def execute(self) -> RunResult:
         self.prepare()
+        unfinished = [v for v in self.plan.variants if not self.run.variant(v.name).finished()]
+        if unfinished:  # `vllm serve --help` takes ~20 s: read it while the first server starts
+            self._help(unfinished[0], self._backend(unfinished[0]))
+        self.timeline = self._start_timeline() if unfinished else None
+        try:
+            result = self._variants()
+            self._save_timeline(result.statuses)
+            return result
+        finally:
+            self.helpers.shutdown(wait=False, cancel_futures=True)
+            if self.timeline is not None:
+                self.timeline.stop()
+
+    def _start_timeline(self) -> Timeline | None:
+        binary = self.options.prometheus
+        if binary is None:
+            return None
+        if not Timeline.available(binary):
+            self.console.print(f"no `{binary}` on PATH: the report will have no dashboard queries over the run "
+                               "(`make prometheus` installs Debian's)")
+            return None
+        timeline = Timeline(self.run.prometheus, self.run.timeline, binary)
+        try:
+            self.console.print(f"Prometheus on {timeline.start()} records the dashboard queries over the run")
+        except PrometheusError as exc:
+            self.console.print(f"Prometheus did not start, the report will have no timeline: {exc}")
+            return None
+        return timeline
+
+    def _save_timeline(self, statuses: dict[str, dict[str, Any]]) -> None:
+        """The key dashboard queries over the window of every finished variant the timeline lacks."""
+        if self.timeline is None:
+            return
+        saved = self.run.timeline_variants()
+        windows = {name: Window(*s["window"]) for name, s in statuses.items()
+                   if s.get("state") == DONE and s.get("window") and name not in saved}
+        backends = {v.name: v.backend.kind for v in self.plan.variants}
+        try:
+            self.timeline.save(windows, backends)
+        except PrometheusError as exc:  # the run's results stand without the curves; say so
+            self.console.print(f"the dashboard queries over the run could not be saved: {exc}")
+
+    def _variants(self) -> RunResult:
         statuses: dict[str, dict[str, Any]] = {}
         per_variant = steps(self.plan)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -191,10 +239,11 @@ class Runner:
             self.backends[key] = make_backend(v.backend, self.options.home, self.options.environ, self.options.health)
         return self.backends[key]
 
-    def _help(self, v: Variant, backend: Backend) -> str | None:
+    def _help(self, v: Variant, backend: Backend) -> Future[str | None]:
+        """`vllm serve --help` as the backend runs it, once per backend, read in the background."""
         key = repr(v.backend)
         if key not in self.help:
-            self.help[key] = backend.help_text()
+            self.help[key] = self.helpers.submit(backend.help_text)
         return self.help[key]
 
     def variant(self, v: Variant, folder: VariantFolder, step: Any, advance: Any) -> dict[str, Any]:
@@ -212,8 +261,12 @@ class Runner:
             return self._failed(folder, status, exc, started)
         status["startup_seconds"] = round(time.monotonic() - started, 2)
         advance()
+        if self.timeline is not None:
+            self.timeline.watch(v.name, server.url)
+        window_start = time.time()
         try:
             self._measure(v, folder, server.url, backend, launch, status, step, advance)
+            status["window"] = [window_start, time.time()]  # Unix seconds: healthy to the last snapshot
         except Exception as exc:  # recorded in status.json; the run goes on with the next variant
             status["error_trace"] = traceback.format_exc(limit=8)
             status["error"] = f"{type(exc).__name__}: {exc}"
@@ -233,7 +286,7 @@ class Runner:
                  status: dict[str, Any], step: Any, advance: Any) -> None:
         model = self.plan.served_model_name
         step("recording the environment")
-        help_text = self._help(v, backend)
+        help_text = self._help(v, backend).result()
         if help_text:
             write_text(folder.help_text, help_text)
         before_env = snapshot.take(url)

@@ -129,6 +129,16 @@ class PrometheusServer:
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
 
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query; the matrix's series as {"metric": labels, "values": [[ts, "v"], ...]}."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        resp = requests.get(self.url + "/api/v1/query_range", params=params, timeout=60)
+        body = resp.json()
+        if resp.status_code != 200 or body.get("status") != "success":
+            raise PrometheusError(f"query_range {expr!r}: {body.get('error', resp.text[:300])}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
     def values(self, expr: str, at: float | None = None) -> dict[tuple[tuple[str, str], ...], float]:
         """An instant query as {sorted labels without __name__: value}."""
         return {tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__")): float(s["value"][1])

@@ -140,7 +140,49 @@ def kv_capacity(run: RunResults, out: Path) -> Path:
     return _save(fig, out / "kv_capacity.png")
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def dashboard_queries(run: RunResults, out: Path) -> Path | None:
+    """The key dashboard panels' queries over each variant's window (`timeline.json`), variants overlaid.
+
+    x is the time since the variant's server became healthy; colour is the variant, the line style
+    tells a panel's several series of one variant apart (quantiles, drafted vs accepted).
+    """
+    timeline = run.timeline
+    if not timeline or not timeline.get("variants"):
+        return None
+    queries = timeline["queries"]
+    variants = list(timeline["variants"])
+    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    cols = 2
+    rows = (len(queries) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(13, 3.3 * rows), squeeze=False)
+    for ax, query in zip(axes.flat, queries, strict=False):
+        for variant in variants:
+            lines = timeline["variants"][variant]["series"].get(query["panel"], [])
+            for i, line in enumerate(lines):
+                xs, ys = zip(*line["points"], strict=True) if line["points"] else ((), ())
+                ax.plot(xs, ys, color=colours[variant], linestyle=LINESTYLES[i % len(LINESTYLES)],
+                        linewidth=1.2, marker="o", markersize=2.5, label=line["name"] or variant)
+        ax.set_title(query["panel"], fontsize=10)
+        ax.set_xlabel("seconds since the variant's server was healthy", fontsize=8)
+        unit = query.get("unit", "")
+        if unit == "percentunit":
+            ax.set_ylim(0, 1.05)
+        ax.set_ylabel({"percentunit": "ratio", "s": "seconds"}.get(unit, unit.replace("suffix:", "").strip()),
+                      fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=6, ncol=2)
+        else:
+            ax.text(0.5, 0.5, "no data in any window", ha="center", va="center", transform=ax.transAxes)
+    for ax in list(axes.flat)[len(queries):]:
+        ax.set_visible(False)
+    return _save(fig, out / "dashboard_queries.png")
+
+
 def all_plots(run: RunResults, baseline: str, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    return [acceptance_bars(run, out), position_decay(run, out), length_histograms(run, out), coverage(run, out),
-            relative_performance(run, baseline, out), kv_capacity(run, out)]
+    made = [acceptance_bars(run, out), position_decay(run, out), length_histograms(run, out), coverage(run, out),
+            relative_performance(run, baseline, out), kv_capacity(run, out), dashboard_queries(run, out)]
+    return [p for p in made if p is not None]

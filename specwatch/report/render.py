@@ -68,9 +68,35 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
             lines.append(f"| {v.name} | {fig.accepted:g} | {fig.draft_tokens:g} | {fig.steps:g} | "
                          f"{_f(fig.acceptance_rate)} | {_f(fig.mean_acceptance_length, '.2f')} | "
                          f"{' '.join(f'{r:.3f}' for r in fig.per_position_rate)} |")
+    timeline_png = next((p for p in plots if p.name == TIMELINE_PNG), None)
     lines += ["", "## Plots", ""]
-    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    lines += [f"![{p.stem}]({p.name})" for p in plots if p is not timeline_png]
+    lines += _timeline(run, timeline_png)
     return "\n".join(lines) + "\n"
+
+
+TIMELINE_PNG = "dashboard_queries.png"
+
+
+def _timeline(run: RunResults, png: Path | None) -> list[str]:
+    lines = ["", "## Dashboard queries over the run", ""]
+    timeline = run.timeline
+    if not timeline or png is None:
+        return lines + ["No Prometheus ran beside this study (`prometheus` not on PATH, or `--no-prometheus`), so "
+                        "there are no curves over the run; the figures above come from the saved files alone."]
+    prom = timeline.get("prometheus", {})
+    spans = ", ".join(f"{name} ({v.get('backend') or '?'}, {v['window'][1] - v['window'][0]:.0f} s)"
+                      for name, v in timeline["variants"].items())
+    lines += [f"Prometheus {prom.get('version', '?')} scraped each variant's server every "
+              f"{prom.get('scrape_interval_seconds', '?'):g} s while it ran and evaluated the repository's recording "
+              f"rules; these are the Grafana panels' own queries over each variant's window ({spans}), all "
+              "variants overlaid from the moment their server was healthy. Rates are over 1 minute, so a curve "
+              "trails its pass; the exact figures are the snapshot differences above.", "",
+              "| panel | dashboard | PromQL (variables set to All) |", "|---|---|---|"]
+    for q in timeline["queries"]:
+        exprs = " ; ".join(f"`{t['expr'].replace('|', '∣')}`" for t in q["targets"])
+        lines.append(f"| {q['panel']} | {q['dashboard']} | {exprs} |")
+    return lines + ["", f"![{png.stem}]({png.name})"]
 
 
 def _inline(md: str, folder: Path) -> str:

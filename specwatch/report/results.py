@@ -2,7 +2,8 @@
 
 Nothing is recomputed from anything but the files: acceptance is the sum of the saved
 per-request fields (summed first, then divided), performance is each pass's `summary.json`,
-the server-side figures are the difference of the two saved `/metrics` snapshots.
+the server-side figures are the difference of the two saved `/metrics` snapshots, the curves
+over the run are `timeline.json` as the study's Prometheus answered the dashboard queries.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class RunResults:
     plan: dict[str, Any]
     variants: list[VariantResults]
     prompts: dict[str, list[str]]                # task -> prompts in row order (for the quality checks)
+    timeline: dict[str, Any] | None = None       # timeline.json: key dashboard queries over each variant's window
 
     def variant(self, name: str) -> VariantResults | None:
         return next((v for v in self.variants if v.name == name), None)
@@ -141,4 +143,8 @@ def load(folder: Path) -> RunResults:
         declared = {str(v["name"]): v for v in declared if isinstance(v, dict) and "name" in v}
     variants = [_variant(folder / "variants" / str(name), str(name), spec if isinstance(spec, dict) else {})
                 for name, spec in declared.items()]
-    return RunResults(folder, str(run.get("run_id", folder.name)), plan, variants, _prompts(folder))
+    timeline = _json(folder / "timeline.json") if (folder / "timeline.json").exists() else None
+    if timeline is not None and not (isinstance(timeline, dict) and isinstance(timeline.get("queries"), list)
+                                     and isinstance(timeline.get("variants"), dict)):
+        raise ResultsError(f"{folder / 'timeline.json'}: expected an object with `queries` and `variants`")
+    return RunResults(folder, str(run.get("run_id", folder.name)), plan, variants, _prompts(folder), timeline)

@@ -1,0 +1,121 @@
+"""Prometheus beside a study: it scrapes each variant's server while that variant runs, and the key
+dashboard queries over each variant's window are saved to `timeline.json` for the report's plots.
+
+The Prometheus is the Debian binary on the repository's own configuration and rules (the local
+stack's `PrometheusServer`); its data lives in the run folder (`prometheus/data`), so a resumed run
+still has the earlier variants' series. Each variant's server is one `vllm` target labelled with
+the variant's name, retargeted when the next server comes up. The exact figures of the report
+come from the `/metrics` snapshots; these curves show how the same quantities moved during the
+passes, as the Grafana panels would (Prometheus scrapes every 5 s and records 1 m rates, so the
+last seconds of a pass may fall after the last scrape).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specwatch.experiment.layout import write_json
+from specwatch.grafana.key_queries import key_queries, legend, substitute
+from specwatch.net import free_port
+from specwatch.promconfig.server import PrometheusError, PrometheusServer, Targets
+
+STEP_SECONDS = 5.0          # the configuration's scrape and evaluation interval
+SETTLE_SECONDS = 11.0       # after a window ends: one more scrape and one more rule evaluation
+
+
+@dataclass(frozen=True)
+class Window:
+    """When a variant's server was measured: from healthy to the last snapshot (Unix seconds)."""
+
+    start: float
+    end: float
+
+
+def prometheus_version(binary: str) -> str:
+    """`prometheus, version 2.42.0 (...)` -> `2.42.0` (the first line's third word), or `unknown`."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except OSError:
+        return "unknown"
+    words = (out.stdout or out.stderr).split()
+    return words[2] if len(words) > 2 and words[1] == "version" else "unknown"
+
+
+class Timeline:
+    """A Prometheus for one run attempt; `watch` each variant's server, `save` the windows, `stop`."""
+
+    def __init__(self, folder: Path, out: Path, binary: str = "prometheus") -> None:
+        self.folder, self.out, self.binary = folder, out, binary
+        self.server: PrometheusServer | None = None
+
+    @staticmethod
+    def available(binary: str) -> bool:
+        return shutil.which(binary) is not None
+
+    def start(self) -> str:
+        """Start Prometheus; returns its URL."""
+        self.server = PrometheusServer(self.folder, Targets(), free_port(), self.binary).start()
+        return self.server.url
+
+    def watch(self, variant: str, url: str) -> None:
+        """Scrape `url` as the `vllm` target of `variant` (and nothing else) from now on."""
+        if self.server is not None:
+            self.server.retarget(Targets(vllm={variant: url}))
+
+    def save(self, windows: Mapping[str, Window], backends: Mapping[str, str]) -> None:
+        """Query the key panels over each window and merge them into `timeline.json` (earlier variants kept)."""
+        if self.server is None or not windows:
+            return
+        time.sleep(max(0.0, max(w.end for w in windows.values()) + SETTLE_SECONDS - time.time()))
+        record = self._read() or {"prometheus": {"version": prometheus_version(self.binary),
+                                                 "scrape_interval_seconds": STEP_SECONDS},
+                                  "step_seconds": STEP_SECONDS, "variants": {}}
+        record["queries"] = [{"dashboard": q.dashboard, "panel": q.panel, "unit": q.unit,
+                              "targets": [{"expr": substitute(e), "legend": fmt} for e, fmt in q.exprs]}
+                             for q in key_queries()]
+        for variant, window in windows.items():
+            record["variants"][variant] = {"window": [window.start, window.end], "backend": backends.get(variant),
+                                           "series": self._series(record["queries"], variant, window)}
+        write_json(self.out, record)
+
+    def _series(self, queries: list[dict[str, Any]], variant: str, window: Window) -> dict[str, list[dict[str, Any]]]:
+        assert self.server is not None
+        out: dict[str, list[dict[str, Any]]] = {}
+        for q in queries:
+            lines = []
+            for i, target in enumerate(q["targets"]):
+                for s in self.server.query_range(target["expr"], window.start, window.end + SETTLE_SECONDS,
+                                                 STEP_SECONDS):
+                    labels = {k: v for k, v in s["metric"].items() if k != "__name__"}
+                    if labels.get("variant") not in (None, variant):
+                        continue  # an earlier variant's series, still inside its last rate window
+                    points = [[round(float(t) - window.start, 3), float(v)] for t, v in s["values"]
+                              if math.isfinite(float(v))]
+                    if points:
+                        lines.append({"target": i, "name": legend(target["legend"], labels), "labels": labels,
+                                      "points": points})
+            out[q["panel"]] = lines
+        return out
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.out.read_text())
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+__all__ = ["PrometheusError", "Timeline", "Window", "prometheus_version"]
