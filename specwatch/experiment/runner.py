@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -193,7 +194,7 @@ class Runner:
         backends = {v.name: v.backend.kind for v in self.plan.variants}
         try:
             self.timeline.save(windows, backends)
-        except PrometheusError as exc:  # the run's results stand without the curves; say so
+        except (PrometheusError, requests.RequestException, OSError) as exc:  # the results stand without curves
             self.console.print(f"the dashboard queries over the run could not be saved: {exc}")
 
     def _variants(self) -> RunResult:
