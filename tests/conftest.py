@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,15 @@ from specwatch.net import free_port
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.vllm_cpu.server import NGRAM_CONFIG, VllmServer, serve_argv
 from specwatch.vllm_cpu.setup import is_installed
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests that stop a child with SIGINT (Ctrl+C) need it to reach the child. A shell that starts the suite in
+    the background without job control (`make test &` in a script) ignores SIGINT, and an ignored signal stays
+    ignored across exec, so those children never saw it. With a handler here, children start with SIGINT at its
+    default and Python turns it into KeyboardInterrupt as in a terminal."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -262,9 +262,9 @@ class Runner:
             return self._failed(folder, status, exc, started)
         status["startup_seconds"] = round(time.monotonic() - started, 2)
         advance()
-        if self.timeline is not None:
-            self.timeline.watch(v.name, server.url)
         window_start = time.time()
+        if self.timeline is not None and not self.timeline.watch(v.name, server.url):
+            self.console.print(f"{v.name}: Prometheus did not scrape its server within 15 s; its curves start later")
         try:
             self._measure(v, folder, server.url, backend, launch, status, step, advance)
             status["window"] = [window_start, time.time()]  # Unix seconds: healthy to the last snapshot

@@ -25,10 +25,11 @@ from typing import Any
 from specwatch.experiment.layout import write_json
 from specwatch.grafana.key_queries import key_queries, legend, substitute
 from specwatch.net import free_port
-from specwatch.promconfig.server import PrometheusError, PrometheusServer, Targets
+from specwatch.promconfig.server import VLLM_JOB, PrometheusError, PrometheusServer, Targets
 
 STEP_SECONDS = 5.0          # the configuration's scrape and evaluation interval
 SETTLE_SECONDS = 11.0       # after a window ends: one more scrape and one more rule evaluation
+FIRST_SCRAPE_SECONDS = 15.0  # file discovery picks a new target up at once; its first scrape comes within 5 s
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,22 @@ class Timeline:
         self.server = PrometheusServer(self.folder, Targets(), free_port(), self.binary).start()
         return self.server.url
 
-    def watch(self, variant: str, url: str) -> None:
-        """Scrape `url` as the `vllm` target of `variant` (and nothing else) from now on."""
-        if self.server is not None:
-            self.server.retarget(Targets(vllm={variant: url}))
+    def watch(self, variant: str, url: str, timeout: float = FIRST_SCRAPE_SECONDS) -> bool:
+        """Scrape `url` as the `vllm` target of `variant` (and nothing else) from now on.
+
+        Returns once Prometheus has scraped it (up == 1), so that the window's first sample is the server
+        before any pass; False when that did not happen within `timeout` (the curves then start later).
+        """
+        if self.server is None:
+            return False
+        self.server.retarget(Targets(vllm={variant: url}))
+        up = f"up{{job={json.dumps(VLLM_JOB)},variant={json.dumps(variant)}}}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(v == 1 for v in self.server.values(up).values()):
+                return True
+            time.sleep(0.2)
+        return False
 
     def save(self, windows: Mapping[str, Window], backends: Mapping[str, str]) -> None:
         """Query the key panels over each window and merge them into `timeline.json` (earlier variants kept)."""
