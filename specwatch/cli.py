@@ -161,6 +161,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _up(home: Home, args: argparse.Namespace) -> int:
+    from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
     from specwatch.stack.processes import StackError
     from specwatch.stack.up import Ports, StackConfig, free_ports, run
 
@@ -175,7 +176,8 @@ def _up(home: Home, args: argparse.Namespace) -> int:
         cfg = StackConfig(home, args.out or home.runs / time.strftime("up-%Y%m%d-%H%M%S"), args.backend, urls,
                           free_ports() if args.free_ports else Ports(), args.split, args.headless, args.requests,
                           args.concurrency, args.max_tokens, args.duration, args.sim_time_scale,
-                          os.environ.get("GRAFANA_ADMIN_PASSWORD"))
+                          os.environ.get("GRAFANA_ADMIN_PASSWORD"),
+                          DEFAULT_ADMIN_TOKEN_ENV if os.environ.get(DEFAULT_ADMIN_TOKEN_ENV) else None)
     except ValueError as exc:
         print(f"specwatch up: {exc}", file=sys.stderr)
         return EXIT_USAGE

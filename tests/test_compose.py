@@ -435,11 +435,22 @@ def test_exporter_command_is_a_valid_exporter_config() -> None:
     args = exporter_parser().parse_args(argv[1:])
     cfg = exporter_config.load({"upstream": args.upstream, "split": args.split, "mirror": args.mirror,
                                 "sticky_header": args.sticky_header, "listen": args.listen,
-                                "event_log": args.event_log}, args.config_file)
+                                "event_log": args.event_log, "admin_token_env": args.admin_token_env},
+                               args.config_file)
     assert cfg.upstreams == {"baseline": "http://vllm-baseline:8000", "candidate": "http://vllm-candidate:8000"}
     assert (cfg.listen_host, cfg.listen_port) == ("0.0.0.0", 9400)
     assert cfg.split == {"candidate": 50.0}
     assert cfg.event_log is not None and cfg.event_log.parent == Path("/var/lib/specwatch")
+    assert cfg.admin_token_env == exporter_config.DEFAULT_ADMIN_TOKEN_ENV
+
+
+def test_the_exporters_admin_token_comes_from_the_environment_only() -> None:
+    """Empty by default (the exporter then keeps /admin/ disabled); the user's value passes through; no file in
+    the repository holds one."""
+    assert services(None)["exporter"]["environment"] == {"SPECWATCH_ADMIN_TOKEN": ""}
+    given = services(None, SPECWATCH_ADMIN_TOKEN="test-only-token")["exporter"]["environment"]
+    assert given == {"SPECWATCH_ADMIN_TOKEN": "test-only-token"}
+    assert "SPECWATCH_ADMIN_TOKEN" not in env_example() and env_example_alternatives("SPECWATCH_ADMIN_TOKEN") == [""]
 
 
 def test_locust_runs_the_repositorys_locustfile_with_the_images_workloads() -> None:

@@ -19,8 +19,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from specwatch import cli
-from specwatch.exporter.config import ExporterConfig
-from specwatch.exporter.metrics import ExporterMetrics
+from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV, ExporterConfig
+from specwatch.exporter.metrics import CANARY_VERDICTS, ExporterMetrics
 from specwatch.grafana import canary, dashboards
 from specwatch.grafana.board import DATASOURCE_UID
 from specwatch.grafana.key_queries import substitute
@@ -39,6 +39,7 @@ SIM_BASELINE_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max
 # GPU-speed timing (about 1 s a request), so the load spans several 5 s scrapes: every rate then has two
 # differing samples inside both windows, with CPU to spare (the processes mostly sleep).
 TIME_SCALE = "1"
+ADMIN_TOKEN = "test-only-admin-token"  # through the environment, as a user gives it
 RULE_NAME = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b")
 RAW_NAME = re.compile(r"\b(?:vllm:[a-z0-9_]+|specwatch_[a-z0-9_]+)\b")
 Json = dict[str, Any]
@@ -239,12 +240,15 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str]], Service],
                                         prometheus_factory: Callable[[Targets], PrometheusServer], data: Path,
-                                        tmp_path: Path) -> None:
+                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     candidate = service_factory("sim", at_gpu_speed(NGRAM_SIM_ARGS))
     baseline = service_factory("sim", at_gpu_speed(SIM_BASELINE_ARGS))
-    # mirror mode: baseline answers, the candidate gets a copy of every request, both are accounted
+    # mirror mode: baseline answers, the candidate gets a copy of every request, both are accounted;
+    # the admin API on, so that a canary verdict can be pushed as `specwatch canary --push-to` does
+    monkeypatch.setenv(DEFAULT_ADMIN_TOKEN_ENV, ADMIN_TOKEN)
     tap = service_factory("exporter", ["--upstream", f"baseline={baseline.url}",
-                                       "--upstream", f"candidate={candidate.url}", "--mirror", "candidate"])
+                                       "--upstream", f"candidate={candidate.url}", "--mirror", "candidate",
+                                       "--admin-token-env", DEFAULT_ADMIN_TOKEN_ENV])
     prom = prometheus_factory(Targets({"baseline": baseline.url, "candidate": candidate.url}, (tap.url,)))
     start = time.time()
     wait_for("three targets up", lambda: sorted(prom.values("up").values()) == [1.0, 1.0, 1.0])
@@ -255,6 +259,10 @@ def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str
     assert code == cli.EXIT_OK, (out / "locust.log").read_text()[-2000:]
     # every mirrored copy finished, then a scrape of each target after that, then each rule group after it
     wait_for("the mirrored requests", lambda: len(set(requests_by_variant(tap.url).values())) == 1)
+    pushed = requests.post(tap.url + "/admin/verdict", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5,
+                           json={"tasks": {"code": {"verdict": "pass", "score": 95.0},
+                                           "chat": {"verdict": "fail", "score": 40.0}}})
+    assert pushed.status_code == 200, pushed.text
     settled = time.time()
     wait_for("a scrape after the load", lambda: min(newest(prom, "up"), default=0) >= settled)
     last_scrape = max(newest(prom, "up"))
@@ -281,6 +289,10 @@ def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str
                     empty.append(f"{board['title']} / variable {var['name']}")
     assert count > 40
     assert not empty, "no data:\n" + "\n".join(empty)
+    # the pushed verdict reads back per task as its index in CANARY_VERDICTS (the panel's value mappings)
+    verdicts = prom.values(substitute(canary.pushed_verdict_expr()))
+    assert verdicts == {(("task", "code"),): CANARY_VERDICTS.index("pass"),
+                        (("task", "chat"),): CANARY_VERDICTS.index("fail")}, verdicts
 
 
 def test_the_verdict_expression_on_promtool(tmp_path):

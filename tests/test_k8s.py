@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from specwatch import cli
+from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
 from specwatch.k8s import dashboards, rules
 from specwatch.promconfig.server import EXPORTER_JOB, VLLM_JOB, PrometheusServer, Targets, host_port
 from specwatch.workloads import write_article_workloads
@@ -267,6 +268,16 @@ def test_exporter_upstreams_are_the_variant_services(everything: list[Doc]) -> N
     for variant, url in upstreams.items():
         _, deployment = service_for(everything, url)
         assert deployment["spec"]["template"]["metadata"]["labels"]["specwatch.io/variant"] == variant
+
+
+def test_the_exporters_admin_token_comes_from_an_optional_secret(everything: list[Doc]) -> None:
+    container = containers(find(everything, "Deployment", "specwatch-exporter"))[0]
+    flag = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--admin-token-env="))
+    env = {e["name"]: e for e in container.get("env", [])}
+    assert flag == DEFAULT_ADMIN_TOKEN_ENV and "value" not in env[flag]  # never a literal token in a manifest
+    ref = env[flag]["valueFrom"]["secretKeyRef"]
+    assert ref["optional"] is True  # without the Secret the pod starts, /admin/ disabled
+    assert not [d for d in everything if d["kind"] == "Secret"]  # the user creates it; none is shipped
 
 
 def test_locust_master_and_workers(everything: list[Doc]) -> None:

@@ -17,9 +17,13 @@ import requests
 
 from specwatch import cli
 
+TOKEN = "test-only-admin-token"  # given through the environment, as a user would
+
 
 def port_free(url: str) -> bool:
+    """Nothing listens there. SO_REUSEADDR: a closed connection's TIME_WAIT on the port is not a listener."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", urlsplit(url).port or 0))
             return True
@@ -40,8 +44,10 @@ def alive(run: Path) -> list[str]:
     return out
 
 
-def test_headless_up_runs_a_labelled_load_and_stops_everything(tmp_path: Path) -> None:
+def test_headless_up_runs_a_labelled_load_and_stops_everything(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
+    monkeypatch.setenv("SPECWATCH_ADMIN_TOKEN", TOKEN)  # the exporter gets its admin API, never the token in a log
     # the split is random per request: 13 requests per task leave the candidate without one of a task
     # with probability 2**-13
     code = cli.main(["up", "--backend", "sim", "--headless", "--free-ports", "--sim-time-scale", "0.05",
@@ -59,13 +65,18 @@ def test_headless_up_runs_a_labelled_load_and_stops_everything(tmp_path: Path) -
         assert port_free(url), url
     assert alive(out) == []
     assert (out / "exporter.log").exists() and (out / "prometheus" / "prometheus.log").exists()
+    exporter_log = (out / "exporter.log").read_text()
+    assert "--admin-token-env SPECWATCH_ADMIN_TOKEN" in exporter_log.splitlines()[0]
+    assert "/admin/ is disabled" not in exporter_log
+    assert not [p for p in out.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
 
 
 def test_web_mode_serves_locust_and_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "specwatch.cli", "up", "--backend", "sim", "--free-ports",
                              "--sim-time-scale", "0.05", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "SPECWATCH_ADMIN_TOKEN": TOKEN})
     lines: list[str] = []
     try:
         assert proc.stdout is not None
@@ -81,6 +92,13 @@ def test_web_mode_serves_locust_and_ctrl_c_stops_every_process(tmp_path: Path) -
         assert requests.get(urls["locust"] + "/", timeout=5).status_code == 200
         assert requests.get(urls["exporter"] + "/healthz", timeout=5).status_code == 200
         assert sorted(alive(out)) == ["exporter", "locust", "prometheus", "sim baseline", "sim candidate"]
+        # the exporter's admin API works with the token from up's environment, and only with it
+        admin = urls["exporter"] + "/admin/weights"
+        assert requests.post(admin, json={"candidate": 0}, timeout=5).status_code == 401
+        moved = requests.post(admin, json={"candidate": 0}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        assert moved.status_code == 200, moved.text
+        weights = requests.get(admin, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5).json()
+        assert weights["weights"]["candidate"] == 0, weights
     finally:
         proc.send_signal(signal.SIGINT)
         rest = proc.communicate(timeout=60)[0]

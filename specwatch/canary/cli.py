@@ -19,6 +19,7 @@ from specwatch.canary import report
 from specwatch.canary.judge import CanaryVerdict, judge
 from specwatch.canary.samples import Data, from_event_log, from_prometheus, parse_window
 from specwatch.canary.watch import AdminError, push_verdict, watch
+from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
 
 EXIT_PASS, EXIT_ERROR, EXIT_USAGE, EXIT_FAIL, EXIT_MARGINAL, EXIT_INSUFFICIENT = 0, 1, 2, 3, 4, 5
 EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_FAIL, "marginal": EXIT_MARGINAL, "insufficient": EXIT_INSUFFICIENT}
@@ -63,8 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", type=Path, help="YAML policy (default examples/canary-policy.yaml)")
     p.add_argument("--out", type=Path, help="write canary.md and canary.json here")
     p.add_argument("--push-to", metavar="EXPORTER_URL", help="push the verdict to the exporter's /admin/verdict")
-    p.add_argument("--admin-token-env", default="SPECWATCH_ADMIN_TOKEN",
-                   help="environment variable with the exporter's admin token (default SPECWATCH_ADMIN_TOKEN)")
+    p.add_argument("--admin-token-env", default=DEFAULT_ADMIN_TOKEN_ENV,
+                   help=f"environment variable with the exporter's admin token (default {DEFAULT_ADMIN_TOKEN_ENV})")
     p.add_argument("--watch", action="store_true", help="re-evaluate every --interval seconds until a fail")
     p.add_argument("--interval", type=float, default=60.0, help="seconds between evaluations (default 60)")
     p.add_argument("--rounds", type=int, help="--watch: stop after this many evaluations")

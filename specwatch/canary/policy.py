@@ -46,14 +46,17 @@ class MetricPolicy:
         return False
 
 
+DEFAULT_PASS_SCORE, DEFAULT_MARGINAL_SCORE = 90.0, 70.0  # Kayenta's usual thresholds; the canary dashboard's too
+
+
 @dataclass(frozen=True)
 class Policy:
     metrics: tuple[MetricPolicy, ...]
     min_samples: int = 20  # per side (baseline and candidate), per task and metric
     alpha: float = 0.05  # significance level of the Mann-Whitney test
     confidence: float = 0.95  # of the Hodges-Lehmann / Newcombe intervals
-    pass_score: float = 90.0
-    marginal_score: float = 70.0
+    pass_score: float = DEFAULT_PASS_SCORE
+    marginal_score: float = DEFAULT_MARGINAL_SCORE
 
     def metric(self, name: str) -> MetricPolicy:
         return next(m for m in self.metrics if m.name == name)
@@ -118,8 +121,8 @@ def parse(doc: Any, where: str = "policy") -> Policy:
     score = doc.get("score", {})
     if not isinstance(score, Mapping):
         raise PolicyError(f"{where}.score: expected a mapping with `pass` and `marginal`")
-    pass_score = _number(score, "pass", f"{where}.score", 90.0, high=100.0)
-    marginal = _number(score, "marginal", f"{where}.score", 70.0, high=100.0)
+    pass_score = _number(score, "pass", f"{where}.score", DEFAULT_PASS_SCORE, high=100.0)
+    marginal = _number(score, "marginal", f"{where}.score", DEFAULT_MARGINAL_SCORE, high=100.0)
     if marginal > pass_score:
         raise PolicyError(f"{where}.score: marginal ({marginal}) above pass ({pass_score})")
     alpha = _number(doc, "alpha", where, 0.05, high=0.5)

@@ -39,6 +39,10 @@ class Rule:
     message_regex: re.Pattern[str] | None = None  # regex on the first user message (or the prompt)
 
 
+# The variable compose, `specwatch up` and `specwatch canary --push-to` use for the admin token.
+DEFAULT_ADMIN_TOKEN_ENV = "SPECWATCH_ADMIN_TOKEN"
+
+
 @dataclass(frozen=True)
 class ExporterConfig:
     upstreams: dict[str, str]  # variant -> base URL, in order; the first is the default route

@@ -7,8 +7,11 @@ now, the alerts say whether it lasted.
 
 from __future__ import annotations
 
+from specwatch.canary.policy import DEFAULT_MARGINAL_SCORE, DEFAULT_PASS_SCORE
+from specwatch.exporter.metrics import CANARY_VERDICTS
 from specwatch.grafana.board import Dashboard, Section
 from specwatch.grafana.panels import (
+    BLUE,
     BY_VT,
     GREEN,
     ORANGE,
@@ -117,8 +120,38 @@ def _verdict() -> Section:
     ])
 
 
+VERDICT_COLOURS = {"pass": GREEN, "marginal": ORANGE, "fail": RED, "insufficient": BLUE}
+
+
+def pushed_verdict_expr() -> str:
+    """The verdict `specwatch canary --push-to` set last, per task, as its index in CANARY_VERDICTS."""
+    arms = [f'(specwatch_canary_verdict{{{T},verdict="{v}"}} == 1) * 0 + {i}' for i, v in enumerate(CANARY_VERDICTS)]
+    return "max by (task) (" + " or ".join(arms) + ")"
+
+
+def _pushed() -> Section:
+    pass_score, marginal_score = DEFAULT_PASS_SCORE, DEFAULT_MARGINAL_SCORE
+    return Section("Statistical verdict (specwatch canary)", [
+        stat("Pushed verdict", "The verdict `specwatch canary --push-to EXPORTER` computed last per task from "
+             "per-request samples (Mann-Whitney U, Hodges-Lehmann intervals, error-ratio test; Kayenta-style "
+             "pass / marginal / fail), held by the exporter until the next push. No value: nothing pushed since "
+             "the exporter started.",
+             targets((pushed_verdict_expr(), "{{task}}")), "none", w=12, h=6, no_value="nothing pushed",
+             mappings=[{"type": "value", "options": {str(i): {"text": v.upper(), "color": VERDICT_COLOURS[v],
+                                                              "index": i}
+                                                     for i, v in enumerate(CANARY_VERDICTS)}}]),
+        stat("Canary score", f"The score of the last push per task, 0..100: the share of the policy's metrics "
+             f"that passed, weighted. The default policy passes at {pass_score:g} and calls {marginal_score:g} "
+             "and above marginal.",
+             targets((f"specwatch_canary_score{{{T}}}", "{{task}}")), "none", w=12, h=6,
+             steps=thresholds(RED, (marginal_score, ORANGE), (pass_score, GREEN)), no_value="nothing pushed",
+             decimals=0),
+    ])
+
+
 def dashboard() -> Dashboard:
     return Dashboard(UID, "specwatch / Canary: candidate vs baseline",
                      "Candidate against baseline per task: side-by-side latencies and acceptance, the "
-                     "candidate / baseline ratios, the current go / no-go verdict and the alerts that fire.",
-                     [_verdict(), _ratios(), _per_task()])
+                     "candidate / baseline ratios, the current go / no-go verdict, the alerts that fire and the "
+                     "statistical verdict `specwatch canary` pushed last.",
+                     [_verdict(), _pushed(), _ratios(), _per_task()])

@@ -68,6 +68,9 @@ class StackConfig:
     sim_time_scale: float = 1.0
     # from the environment (GRAFANA_ADMIN_PASSWORD); None: no Grafana. Kept out of repr (logs, tracebacks).
     grafana_password: str | None = field(default=None, repr=False)
+    # the variable holding the exporter's admin token (set in the environment the exporter inherits); None: no
+    # admin API. The token itself is never in this object.
+    admin_token_env: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -162,7 +165,8 @@ class Stack:
         argv = [sys.executable, "-m", "specwatch.cli", "exporter",
                 *[a for v in VARIANTS for a in ("--upstream", f"{v}={self.servers[v]}")],
                 "--split", f"candidate={self.cfg.split}", "--event-log", str(self.cfg.run_dir / "events.jsonl"),
-                "--web.listen-address", f"127.0.0.1:{self.cfg.ports.exporter}"]
+                "--web.listen-address", f"127.0.0.1:{self.cfg.ports.exporter}",
+                *(["--admin-token-env", self.cfg.admin_token_env] if self.cfg.admin_token_env else [])]
         self._start(ManagedProcess("exporter", argv, self.cfg.run_dir / "exporter.log", self.exporter_url + "/healthz"))
 
     def start_prometheus(self) -> None:
