@@ -121,8 +121,11 @@ def test_on_the_simulator_the_gain_shrinks_from_concurrency_1_to_8_and_prometheu
 
     Two things make n-gram's TPOT gain on code smaller at 8: a k = 4 verify step costs 5.12 / 4.84 = 1.058 x a plain
     step at batch 1 but 5.63 / 5.19 = 1.085 x at batch 8 (../shared/reference/h200-step-times.md, context 512), and
-    at 8 every new request's prefill shares a step with the others' decoding, which costs a fast speculative
-    stream proportionally more. Three runs of this plan: gain(8) / gain(1) = 0.836-0.882 (gain(1) 4.25-4.27).
+    at 8 each new request's prefill (5.9 ms + 0.021 ms per prompt token) is a step every running stream waits for,
+    which costs a 1.4 ms-per-token speculative stream far more than a 6 ms one. With 64-token outputs the prefills
+    come often: three runs of this plan gave gain(8) / gain(1) = 0.836-0.882 (gain(1) 4.25-4.27). With 128-token
+    outputs they come half as often and the code gain stayed flat (1.02 in one run; chat 0.96): the verify cost
+    alone moves it by about 2.5 %, inside run-to-run noise.
     """
     plan = tmp_path / "plan.yaml"
     plan.write_text(GAIN)
