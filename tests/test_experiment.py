@@ -18,6 +18,7 @@ from specwatch.backends.base import port_open
 from specwatch.config import Home
 from specwatch.experiment import PlanError, parse_plan
 from specwatch.experiment.runner import variant_args
+from specwatch.experiment.timeline import Timeline
 from specwatch.grafana import key_queries
 from specwatch.report import results
 
@@ -155,6 +156,20 @@ def test_on_the_simulator_the_gain_shrinks_from_concurrency_1_to_8_and_prometheu
     md = (tmp_path / "results" / "g" / "report" / "report.md").read_text()
     assert "## Dashboard queries over the run" in md and "![dashboard_queries](dashboard_queries.png)" in md
     assert "variant:vllm_spec_decode_acceptance_rate:ratio_rate1m{variant=~\".*\"}" in md
+
+
+def test_a_prometheus_that_dies_does_not_stop_the_study(tmp_path: Path) -> None:
+    """The timeline is an extra: when its Prometheus is gone, watching a server says so instead of raising."""
+    timeline = Timeline(tmp_path / "prometheus", tmp_path / "timeline.json")
+    timeline.start()
+    assert timeline.server is not None
+    os.killpg(timeline.server.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+    timeline.server.proc.wait(10)  # type: ignore[union-attr]
+    started = time.monotonic()
+    assert timeline.watch("ngram", "http://127.0.0.1:9") is False
+    assert time.monotonic() - started < 5
+    timeline.stop()
+    assert not (tmp_path / "timeline.json").exists()
 
 
 INTERRUPTIBLE = f"""

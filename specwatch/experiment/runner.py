@@ -263,9 +263,10 @@ class Runner:
         status["startup_seconds"] = round(time.monotonic() - started, 2)
         advance()
         window_start = time.time()
-        if self.timeline is not None and not self.timeline.watch(v.name, server.url):
-            self.console.print(f"{v.name}: Prometheus did not scrape its server within 15 s; its curves start later")
         try:
+            if self.timeline is not None and not self.timeline.watch(v.name, server.url):
+                self.console.print(f"{v.name}: Prometheus did not scrape its server within 15 s; "
+                                   "its curves start later")
             self._measure(v, folder, server.url, backend, launch, status, step, advance)
             status["window"] = [window_start, time.time()]  # Unix seconds: healthy to the last snapshot
         except Exception as exc:  # recorded in status.json; the run goes on with the next variant

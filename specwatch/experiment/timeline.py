@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from specwatch.experiment.layout import write_json
 from specwatch.grafana.key_queries import key_queries, legend, substitute
 from specwatch.net import free_port
@@ -78,8 +80,11 @@ class Timeline:
         up = f"up{{job={json.dumps(VLLM_JOB)},variant={json.dumps(variant)}}}"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(v == 1 for v in self.server.values(up).values()):
-                return True
+            try:
+                if any(v == 1 for v in self.server.values(up).values()):
+                    return True
+            except (PrometheusError, requests.RequestException, ValueError):
+                return False  # Prometheus is gone or confused: the study goes on, the curves will say so
             time.sleep(0.2)
         return False
 
