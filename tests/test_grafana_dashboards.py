@@ -252,6 +252,11 @@ def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str
     prom = prometheus_factory(Targets({"baseline": baseline.url, "candidate": candidate.url}, (tap.url,)))
     start = time.time()
     wait_for("three targets up", lambda: sorted(prom.values("up").values()) == [1.0, 1.0, 1.0])
+    # a verdict pushed before the load, as `specwatch canary --push-to` would, so every scrape in the window has it
+    pushed = requests.post(tap.url + "/admin/verdict", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5,
+                           json={"tasks": {"code": {"verdict": "pass", "score": 95.0},
+                                           "chat": {"verdict": "fail", "score": 40.0}}})
+    assert pushed.status_code == 200, pushed.text
     out = tmp_path / "load"
     code = cli.main(["load", "--target", tap.url, "--task", f"code={data / 'code.jsonl'}",
                      "--task", f"chat={data / 'chat.jsonl'}", "--concurrency", "2", "--requests", "30",
@@ -259,10 +264,6 @@ def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str
     assert code == cli.EXIT_OK, (out / "locust.log").read_text()[-2000:]
     # every mirrored copy finished, then a scrape of each target after that, then each rule group after it
     wait_for("the mirrored requests", lambda: len(set(requests_by_variant(tap.url).values())) == 1)
-    pushed = requests.post(tap.url + "/admin/verdict", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5,
-                           json={"tasks": {"code": {"verdict": "pass", "score": 95.0},
-                                           "chat": {"verdict": "fail", "score": 40.0}}})
-    assert pushed.status_code == 200, pushed.text
     settled = time.time()
     wait_for("a scrape after the load", lambda: min(newest(prom, "up"), default=0) >= settled)
     last_scrape = max(newest(prom, "up"))
