@@ -162,9 +162,9 @@ def test_a_prometheus_that_dies_does_not_stop_the_study(tmp_path: Path) -> None:
     """The timeline is an extra: when its Prometheus is gone, watching a server says so instead of raising."""
     timeline = Timeline(tmp_path / "prometheus", tmp_path / "timeline.json")
     timeline.start()
-    assert timeline.server is not None
-    os.killpg(timeline.server.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
-    timeline.server.proc.wait(10)  # type: ignore[union-attr]
+    assert timeline.server is not None and timeline.server.proc is not None
+    os.killpg(timeline.server.proc.pid, signal.SIGKILL)
+    timeline.server.proc.wait(10)
     started = time.monotonic()
     assert timeline.watch("ngram", "http://127.0.0.1:9") is False
     assert time.monotonic() - started < 5

@@ -193,12 +193,7 @@ def has_data(result: list[Json]) -> bool:
 def run(prom: PrometheusServer, expr: str, instant: bool, start: float, end: float) -> list[Json]:
     if instant:
         return prom.query(expr, at=end)
-    resp = requests.get(prom.url + "/api/v1/query_range",
-                        params={"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "5"}, timeout=30)
-    body = resp.json()
-    assert body.get("status") == "success", (expr, body.get("error"))
-    result: list[Json] = body["data"]["result"]
-    return result
+    return prom.query_range(expr, start, end, 5)  # raises PrometheusError naming the query when it fails
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:

@@ -26,6 +26,15 @@ def write_json(path: Path, value: Any) -> None:
     write_text(path, json.dumps(value, indent=1, ensure_ascii=False) + "\n")
 
 
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object written by `write_json`, or None when the file is missing, unreadable or not an object."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -77,11 +86,7 @@ class VariantFolder:
         return self.root / "perf" / f"c{concurrency}"
 
     def read_status(self) -> dict[str, Any] | None:
-        try:
-            value = json.loads(self.status.read_text())
-        except (OSError, ValueError):
-            return None
-        return value if isinstance(value, dict) else None
+        return read_json_object(self.status)
 
     def finished(self) -> bool:
         status = self.read_status()
@@ -114,11 +119,7 @@ class RunFolder:
 
     def timeline_variants(self) -> set[str]:
         """The variants `timeline.json` already holds."""
-        try:
-            value = json.loads(self.timeline.read_text())
-        except (OSError, ValueError):
-            return set()
-        return set(value.get("variants", {})) if isinstance(value, dict) else set()
+        return set((read_json_object(self.timeline) or {}).get("variants", {}))
 
     def variant(self, name: str) -> VariantFolder:
         return VariantFolder(self.root / "variants" / name)

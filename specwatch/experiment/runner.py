@@ -9,7 +9,6 @@ under `interrupted/` and redone.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import traceback
@@ -27,7 +26,16 @@ from specwatch import __version__, snapshot
 from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_backend, wait_http_health
 from specwatch.config import Home
 from specwatch.experiment import environment, passes
-from specwatch.experiment.layout import DONE, FAILED, RunFolder, VariantFolder, sha256_file, write_json, write_text
+from specwatch.experiment.layout import (
+    DONE,
+    FAILED,
+    RunFolder,
+    VariantFolder,
+    read_json_object,
+    sha256_file,
+    write_json,
+    write_text,
+)
 from specwatch.experiment.plan import Plan, Variant
 from specwatch.experiment.timeline import PrometheusError, Timeline, Window
 from specwatch.net import free_port
@@ -117,7 +125,7 @@ class Runner:
         if not self.run.plan.exists():
             write_text(self.run.plan, self.plan.text)
         self._inputs()
-        record = self._read_run() or {"run_id": self.options.run_id, "plan": self.plan.name,
+        record = read_json_object(self.run.run) or {"run_id": self.options.run_id, "plan": self.plan.name,
                                       "created": _now(), "specwatch": __version__, "attempts": []}
         if record.get("inputs_sha256", self.inputs) != self.inputs:
             raise RunConflict(f"--resume: the task files changed since the run started ({self.run.run}); "
@@ -126,12 +134,6 @@ class Runner:
         record["attempts"].append({"started": _now(), "resume": self.options.resume})
         write_json(self.run.run, record)
 
-    def _read_run(self) -> dict[str, Any] | None:
-        try:
-            value = json.loads(self.run.run.read_text())
-        except (OSError, ValueError):
-            return None
-        return value if isinstance(value, dict) else None
 
     def _inputs(self) -> None:
         inputs = self.run.inputs
@@ -228,7 +230,7 @@ class Runner:
                     f", reconciliation {'equal' if s.get('ok') else 'MISMATCH'}" if s["state"] == DONE
                     else f": {s.get('error')}"))
             progress.update(bar, description="experiment done")
-        record = self._read_run() or {}
+        record = read_json_object(self.run.run) or {}
         record["attempts"][-1]["finished"] = _now()
         record["statuses"] = {n: {k: s.get(k) for k in ("state", "ok")} for n, s in statuses.items()}
         write_json(self.run.run, record)

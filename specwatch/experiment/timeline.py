@@ -24,7 +24,7 @@ from typing import Any
 
 import requests
 
-from specwatch.experiment.layout import write_json
+from specwatch.experiment.layout import read_json_object, write_json
 from specwatch.grafana.key_queries import key_queries, legend, substitute
 from specwatch.net import free_port
 from specwatch.promconfig.server import VLLM_JOB, PrometheusError, PrometheusServer, Targets
@@ -93,7 +93,7 @@ class Timeline:
         if self.server is None or not windows:
             return
         time.sleep(max(0.0, max(w.end for w in windows.values()) + SETTLE_SECONDS - time.time()))
-        record = self._read() or {"prometheus": {"version": prometheus_version(self.binary),
+        record = read_json_object(self.out) or {"prometheus": {"version": prometheus_version(self.binary),
                                                  "scrape_interval_seconds": STEP_SECONDS},
                                   "step_seconds": STEP_SECONDS, "variants": {}}
         record["queries"] = [{"dashboard": q.dashboard, "panel": q.panel, "unit": q.unit,
@@ -122,13 +122,6 @@ class Timeline:
                                       "points": points})
             out[q["panel"]] = lines
         return out
-
-    def _read(self) -> dict[str, Any] | None:
-        try:
-            value = json.loads(self.out.read_text())
-        except (OSError, ValueError):
-            return None
-        return value if isinstance(value, dict) else None
 
     def stop(self) -> None:
         if self.server is not None:

@@ -11,11 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+from specwatch.generated import EXIT_STALE, write_or_check
 from specwatch.grafana import acceptance, canary, latency
 from specwatch.grafana.board import render
 from specwatch.grafana.panels import Json
-
-EXIT_STALE = 3
 
 
 def all_dashboards() -> dict[str, Json]:
@@ -40,15 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help=f"exit {EXIT_STALE} when a committed file is not current")
     args = parser.parse_args(argv)
     out: Path = args.out
-    if args.check:
-        for path in stale(out):
-            print(f"{path} is not current: run `python -m specwatch.grafana.dashboards --out {out}`", file=sys.stderr)
-        return EXIT_STALE if stale(out) else 0
-    out.mkdir(parents=True, exist_ok=True)
-    for name, board in all_dashboards().items():
-        (out / name).write_text(dumps(board))
-        print(f"wrote {out / name}")
-    return 0
+    how = f"python -m specwatch.grafana.dashboards --out {out}"
+    return max(write_or_check(out / name, dumps(board), args.check, how) for name, board in all_dashboards().items())
 
 
 if __name__ == "__main__":

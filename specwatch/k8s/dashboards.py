@@ -11,10 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from specwatch.generated import EXIT_STALE
+
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "grafana" / "dashboards"
 OUT = REPO / "deploy" / "k8s" / "base" / "dashboards"
-EXIT_STALE = 3
 
 
 def stale(source: Path = SOURCE, out: Path = OUT) -> list[str]:

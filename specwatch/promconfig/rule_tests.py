@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from specwatch.generated import write_or_check
 from specwatch.promconfig import rules as R
-from specwatch.promconfig.generated import write_or_check
 
 INTERVAL_S = 15
 STEPS = 40                 # samples 0..40: ten minutes

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specwatch.promconfig.generated import write_or_check
+from specwatch.generated import write_or_check
 
 FAST = "1m"  # live panels
 SLOW = "5m"  # alerts, canary ratios, reports

@@ -141,6 +141,7 @@ def kv_capacity(run: RunResults, out: Path) -> Path:
 
 
 LINESTYLES = ("-", "--", ":", "-.")
+DASHBOARD_QUERIES_PNG = "dashboard_queries.png"
 
 
 def dashboard_queries(run: RunResults, out: Path) -> Path | None:
@@ -178,7 +179,7 @@ def dashboard_queries(run: RunResults, out: Path) -> Path | None:
             ax.text(0.5, 0.5, "no data in any window", ha="center", va="center", transform=ax.transAxes)
     for ax in list(axes.flat)[len(queries):]:
         ax.set_visible(False)
-    return _save(fig, out / "dashboard_queries.png")
+    return _save(fig, out / DASHBOARD_QUERIES_PNG)
 
 
 def all_plots(run: RunResults, baseline: str, out: Path) -> list[Path]:

@@ -7,6 +7,7 @@ import html
 import re
 from pathlib import Path
 
+from specwatch.report.plots import DASHBOARD_QUERIES_PNG
 from specwatch.report.quality import code_correct_share, identity
 from specwatch.report.results import RunResults
 from specwatch.report.verdict import Verdict
@@ -68,14 +69,11 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
             lines.append(f"| {v.name} | {fig.accepted:g} | {fig.draft_tokens:g} | {fig.steps:g} | "
                          f"{_f(fig.acceptance_rate)} | {_f(fig.mean_acceptance_length, '.2f')} | "
                          f"{' '.join(f'{r:.3f}' for r in fig.per_position_rate)} |")
-    timeline_png = next((p for p in plots if p.name == TIMELINE_PNG), None)
+    timeline_png = next((p for p in plots if p.name == DASHBOARD_QUERIES_PNG), None)
     lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots if p is not timeline_png]
     lines += _timeline(run, timeline_png)
     return "\n".join(lines) + "\n"
-
-
-TIMELINE_PNG = "dashboard_queries.png"
 
 
 def _timeline(run: RunResults, png: Path | None) -> list[str]:
