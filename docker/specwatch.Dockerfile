@@ -1,33 +1,43 @@
-# syntax=docker/dockerfile:1
 # The specwatch image: `specwatch exporter`, `specwatch sim` and Locust with loadgen/locustfile.py,
 # plus the article's workloads (/opt/specwatch/data/en and /zh, written by `specwatch workloads`).
 # Build context: the repository root (see .dockerignore). Every Python version comes from
 # pyproject.toml, read here with tomllib, so nothing is pinned twice.
-FROM python:3.11.13-slim-bookworm
+#
+# BASE_IMAGE: any Debian bookworm with Python 3.11 and venv; `specwatch images base` builds one
+# without a registry. docker/build-inputs/ (a CA bundle, a wheelhouse; see its README) is used by the
+# build stage only: the final stage copies the finished virtual environment, nothing else.
+ARG BASE_IMAGE=python:3.11.13-slim-bookworm
 
+FROM ${BASE_IMAGE} AS build
 ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_FIND_LINKS=/tmp/build-inputs/wheels
+COPY docker/build-inputs/ /tmp/build-inputs/
 WORKDIR /opt/specwatch
-
 # The pinned dependencies first, so a source edit does not reinstall them.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN . /tmp/build-inputs/pip-env.sh \
+ && python3 -m venv /opt/specwatch/venv \
+ && venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt \
- && rm /tmp/requirements.txt
-
+ && venv/bin/pip install -r /tmp/requirements.txt
 COPY README.md ./
 COPY specwatch/ specwatch/
+RUN venv/bin/pip install --no-deps . \
+ && venv/bin/specwatch workloads --out data/en --lang en \
+ && venv/bin/specwatch workloads --out data/zh --lang zh \
+ && rm -rf specwatch README.md pyproject.toml
 COPY loadgen/ loadgen/
-RUN pip install --no-deps . \
- && specwatch workloads --out data/en --lang en \
- && specwatch workloads --out data/zh --lang zh \
- && useradd --system --uid 10001 --create-home --home-dir /home/specwatch specwatch \
- && install -d -o specwatch -g specwatch /var/lib/specwatch
 
+FROM ${BASE_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/specwatch/venv/bin:${PATH}
+COPY --from=build /opt/specwatch /opt/specwatch
+RUN useradd --system --uid 10001 --create-home --home-dir /home/specwatch specwatch \
+ && install -d -o specwatch -g specwatch /var/lib/specwatch
+WORKDIR /opt/specwatch
 USER specwatch
 # exporter 9400, simulator 8000, Locust web UI 8089 (and 5557 for its workers)
 EXPOSE 9400 8000 8089 5557

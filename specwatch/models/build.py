@@ -75,6 +75,10 @@ def _sha256(path: Path) -> str:
 
 
 def _write_provenance(folder: Path, record: dict[str, object]) -> None:
+    """Mark a folder complete, readable by every user first: safetensors writes its files -rw-------, and the
+    server often runs as another user than the builder (the vllm-cpu image builds as root, serves as `vllm`)."""
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     (folder / PROVENANCE).write_text(json.dumps(record, indent=1) + "\n")
 
 

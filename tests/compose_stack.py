@@ -1,0 +1,125 @@
+"""One compose project under test: `docker compose` as a user runs it, and reads through the published ports.
+
+Each stack is its own compose project (`-p`), on free loopback ports, with the environment a user would put
+in .env; Prometheus is published by compose.offline.yaml, vLLM never is (the exporter and Prometheus reach it
+on the project's network). Every wait is bounded; a wait that runs out names the service and its last logs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+from specwatch.compose.docker_cli import compose_command, docker_binary
+from specwatch.compose.images import compose_files
+from specwatch.net import free_port
+from specwatch.vllm_metrics import samples
+
+ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@dataclass
+class ComposeStack:
+    project: str
+    profile: str
+    offline: bool
+    env: dict[str, str]
+    ports: dict[str, int] = field(default_factory=dict)
+    up_seconds: float = 0.0  # `up -d --wait` until every service was healthy
+
+    @classmethod
+    def create(cls, project: str, profile: str, offline: bool, engine_env: Mapping[str, str],
+               settings: Mapping[str, str]) -> ComposeStack:
+        ports = {"exporter": free_port(), "locust": free_port(), "prometheus": free_port(), "grafana": free_port()}
+        env = {**engine_env, "COMPOSE_PROFILES": profile, "EXPORTER_PORT": str(ports["exporter"]),
+               "LOCUST_PORT": str(ports["locust"]), "PROMETHEUS_PORT": str(ports["prometheus"]),
+               "GRAFANA_PORT": str(ports["grafana"]), **settings}
+        return cls(project, profile, offline, env, ports)
+
+    def url(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.ports[service]}"
+
+    # --- compose
+    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = [*compose_command(), "--project-directory", str(ROOT), "-p", self.project,
+               *compose_files(ROOT, self.offline), "--env-file", str(ROOT / ".env.example"), *args]
+        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and done.returncode != 0:
+            raise AssertionError(f"`{' '.join(args)}` exited {done.returncode}:\n{done.stdout[-3000:]}\n"
+                                 f"{done.stderr[-3000:]}\n{self.logs()}")
+        return done
+
+    def docker(self, *args: str, timeout: float = 60) -> str:
+        done = subprocess.run([docker_binary(), *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        assert done.returncode == 0, f"docker {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def logs(self, *services: str, tail: int = 40) -> str:
+        done = subprocess.run(
+            [*compose_command(), "--project-directory", str(ROOT), "-p", self.project,
+             *compose_files(ROOT, self.offline), "--env-file", str(ROOT / ".env.example"),
+             "logs", "--no-color", "--tail", str(tail), *services],
+            env=self.env, capture_output=True, text=True, timeout=60, check=False)
+        return f"--- last {tail} log lines of {', '.join(services) or 'every service'}:\n{done.stdout}{done.stderr}"
+
+    def container(self, service: str) -> str:
+        out = self.compose("ps", "-q", service).stdout.split()
+        assert len(out) == 1, f"{service}: containers {out}"
+        return out[0]
+
+    def inspect(self, service: str) -> dict[str, Any]:
+        found: list[dict[str, Any]] = json.loads(self.docker("inspect", self.container(service)))
+        return found[0]
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Containers, networks and volumes that still carry this project's label."""
+        label = f"label=com.docker.compose.project={self.project}"
+        return {kind: self.docker(kind, "ls", "-q", "--filter", label).split() if kind != "container"
+                else self.docker("container", "ls", "-aq", "--filter", label).split()
+                for kind in ("container", "network", "volume")}
+
+    # --- the published ports
+    def prometheus(self, query: str, at: float | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"query": query}
+        if at is not None:
+            params["time"] = at
+        body = requests.get(self.url("prometheus") + "/api/v1/query", params=params, timeout=10).json()
+        assert body["status"] == "success", (query, body)
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def prometheus_values(self, query: str, by: str) -> dict[str, float]:
+        return {r["metric"].get(by, ""): float(r["value"][1]) for r in self.prometheus(query)}
+
+    def exporter_samples(self) -> Sample:
+        return samples(requests.get(self.url("exporter") + "/metrics", timeout=10).text)
+
+    def wait(self, what: str, probe: Callable[[], T | None], timeout: float, services: tuple[str, ...] = (),
+             interval: float = 1.0) -> T:
+        """probe() until it returns something other than None (exceptions count as not yet)."""
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                got = probe()
+                if got is not None:
+                    return got
+            except (requests.RequestException, AssertionError, KeyError, ValueError) as exc:
+                last = exc
+            time.sleep(interval)
+        raise AssertionError(f"{self.project}: {what} not within {timeout:.0f} s (last: {last!r})\n"
+                             f"{self.logs(*services)}")
+
+
+def total(snap: Sample, name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in snap.items() if n == name and all((k, w) in ls for k, w in labels.items()))

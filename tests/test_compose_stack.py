@@ -1,0 +1,339 @@
+"""`docker compose up`, for real: images built as `specwatch images build` builds them, the stack started with
+the `sim` and the default `cpu` profile, a fixed labelled load through Locust's own HTTP API, every check
+through the published ports, faults a user will hit, and `docker compose down -v` leaving nothing behind.
+
+The engine is the one that answers, else a private dockerd under $SPECWATCH_HOME/docker (its own data root,
+stopped at the end). Where the official Python image cannot be pulled (no registry here), the images build on
+the local Debian base and compose.offline.yaml runs Prometheus 2.42 from Debian's package without Grafana.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from specwatch.compose import engine as engine_mod
+from specwatch.compose import images
+from specwatch.config import Home
+from tests.compose_stack import ROOT, ComposeStack, Sample, total
+
+pytestmark = pytest.mark.compose
+
+TOKEN = "test-only-admin-token"  # given through the environment, as a user does with .env
+PASSWORD = "test-only-not-a-secret"
+TASKS = ("code", "chat")
+# Per profile: settings a user would put in .env, the load (users, requests per task per Locust worker, max
+# tokens; 13 per task leave the random 50 % split without a candidate request of a task with p = 2**-13) and
+# how long a server may take to come back after a crash.
+PROFILES: dict[str, dict[str, Any]] = {
+    "sim": {"settings": {"SIM_TIME_SCALE": "0.05"}, "users": 4, "per_task": 13, "max_tokens": 64,
+            "restart_s": 60},
+    "cpu": {"settings": {}, "users": 4, "per_task": 13, "max_tokens": 32, "restart_s": 300},
+}
+
+
+@pytest.fixture(scope="session")
+def docker_engine(home: Home) -> Iterator[engine_mod.Engine]:
+    engine = engine_mod.obtain(home.root / "docker", os.environ)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session")
+def built(docker_engine: engine_mod.Engine) -> tuple[str, bool]:
+    """(base image, offline): `specwatch images build` for both profiles, layers reused when present."""
+    done = subprocess.run(
+        [sys.executable, "-m", "specwatch.cli", "images", "build", "--root", str(ROOT),
+         "--profile", "sim", "--profile", "cpu"],
+        env=docker_engine.env, capture_output=True, text=True, timeout=3600, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    base = next(line.rsplit(" on ", 1)[1] for line in done.stdout.splitlines() if line.startswith("== images built"))
+    offline = "== offline:" in done.stdout
+    if offline:
+        assert base == images.LOCAL_BASE and images.GRAFANA_NOTICE in done.stdout
+    return base, offline
+
+
+@pytest.fixture(scope="module", params=["sim", "cpu"])
+def stack(request: pytest.FixtureRequest, docker_engine: engine_mod.Engine,
+          built: tuple[str, bool]) -> Iterator[ComposeStack]:
+    profile: str = request.param
+    spec = PROFILES[profile]
+    stack = ComposeStack.create(f"specwatch-test-{profile}", profile, built[1], docker_engine.env,
+                                {"GRAFANA_ADMIN_PASSWORD": PASSWORD, "SPECWATCH_ADMIN_TOKEN": TOKEN,
+                                 **spec["settings"]})
+    stack.compose("down", "-v", "--remove-orphans", timeout=120, check=False)  # a crashed earlier run's
+    started = time.monotonic()
+    stack.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=960)
+    stack.up_seconds = time.monotonic() - started
+    print(f"\n{stack.project}: healthy in {stack.up_seconds:.0f} s")
+    yield stack
+    stack.compose("down", "-v", "--remove-orphans", timeout=300, check=False)
+
+
+# --- helpers: the load through Locust's HTTP API, the counters through Prometheus and the exporter
+
+
+def posted(locust_stats: dict[str, Any]) -> int:
+    """HTTP requests Locust's master counts (its TTFT / TPOT / ITL rows are measurements, not requests)."""
+    return sum(int(s["num_requests"]) for s in locust_stats["stats"] if s.get("method") == "POST")
+
+
+def swarm(stack: ComposeStack, per_task: int | None = None) -> tuple[int, dict[str, Any]]:
+    """Start a swarm through the web UI's own API, wait until every worker has finished its plan; (sent, report)."""
+    spec = {**PROFILES[stack.profile], **({"per_task": per_task} if per_task else {})}
+    locust = stack.url("locust")
+    before = posted(requests.get(locust + "/stats/requests", timeout=10).json())
+    workers = requests.get(locust + "/stats/requests", timeout=10).json()["worker_count"]
+    expected = before + workers * len(TASKS) * spec["per_task"]
+    form = {"user_count": spec["users"], "spawn_rate": spec["users"], "host": "http://exporter:9400",
+            "requests_per_task": spec["per_task"], "max_tokens": spec["max_tokens"]}
+    answer = requests.post(locust + "/swarm", data=form, timeout=10).json()
+    assert answer["success"], answer
+
+    def finished() -> dict[str, Any] | None:
+        report: dict[str, Any] = requests.get(locust + "/stats/requests", timeout=10).json()
+        if posted(report) >= expected and report["state"] in ("stopped", "ready"):
+            return report
+        return None
+    report = stack.wait(f"{expected - before} requests through Locust", finished,
+                        timeout=900 if stack.profile == "cpu" else 240, services=("locust", "locust-worker"),
+                        interval=2)
+    assert posted(report) == expected, report
+    return expected - before, report
+
+
+def settled_vllm(stack: ComposeStack, names: list[str]) -> dict[tuple[str, str], float]:
+    """vLLM counters by (name, variant) once Prometheus has scraped the same values three times in a row (10 s)."""
+    query = f'sum by (__name__, variant) ({{__name__=~"{"|".join(names)}"}})'
+    seen: list[dict[tuple[str, str], float]] = []
+
+    def stable() -> dict[tuple[str, str], float] | None:
+        seen.append({(r["metric"]["__name__"], r["metric"]["variant"]): float(r["value"][1])
+                     for r in stack.prometheus(query)})
+        return seen[-1] if len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3] and seen[-1] else None
+    return stack.wait("vLLM's counters settled in Prometheus", stable, timeout=120, interval=5)
+
+
+def by_variant(snap: Sample, name: str, **labels: str) -> dict[str, float]:
+    return {v: total(snap, name, variant=v, **labels) for v in ("baseline", "candidate")}
+
+
+# --- the tests, in the order a user meets them
+
+
+def test_every_target_is_up_and_the_rules_and_alerts_are_loaded(stack: ComposeStack) -> None:
+    def all_up() -> list[dict[str, Any]] | None:
+        targets = requests.get(stack.url("prometheus") + "/api/v1/targets", timeout=10).json()["data"]
+        active = targets["activeTargets"]
+        return active if len(active) == 3 and all(t["health"] == "up" for t in active) else None
+    active = stack.wait("three Prometheus targets up", all_up, timeout=60, services=("prometheus",))
+    jobs = sorted((t["labels"]["job"], t["labels"].get("variant", "")) for t in active)
+    assert jobs == [("specwatch-exporter", ""), ("vllm", "baseline"), ("vllm", "candidate")]
+    groups = requests.get(stack.url("prometheus") + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    assert all(r["health"] == "ok" for r in rules), [r for r in rules if r["health"] != "ok"]
+    alerts = {r["name"] for r in rules if r["type"] == "alerting"}
+    assert {"SpecwatchUpstreamDown", "SpecwatchTargetDown", "SpecDecodeAcceptanceCollapsed"} <= alerts
+    assert sum(r["type"] == "recording" for r in rules) > 50
+    if stack.offline:  # Prometheus says at start that Grafana is left out, and compose did not start it
+        assert "no Grafana" in stack.logs("prometheus", tail=200)
+        assert "grafana" not in stack.compose("ps", "--services").stdout.split()
+
+
+# vLLM's counters and the exporter's sums of the per-request fields that must equal their deltas
+PAIRS = {"vllm:request_success_total": ("specwatch_requests_total", {"outcome": "ok"}),
+         "vllm:spec_decode_num_drafts_total": ("specwatch_spec_steps_total", {}),
+         "vllm:spec_decode_num_draft_tokens_total": ("specwatch_draft_tokens_total", {}),
+         "vllm:spec_decode_num_accepted_tokens_total": ("specwatch_accepted_tokens_total", {}),
+         "vllm:generation_tokens_total": ("specwatch_completion_tokens_total", {}),
+         "vllm:prompt_tokens_total": ("specwatch_prompt_tokens_total", {})}
+
+
+def server_counters(stack: ComposeStack) -> dict[tuple[str, str], float]:
+    return settled_vllm(stack, list(PAIRS))
+
+
+def test_a_labelled_load_through_locust_is_counted_exactly_on_both_sides(stack: ComposeStack) -> None:
+    server_before, before = server_counters(stack), stack.exporter_samples()
+    sent, report = swarm(stack)
+    assert report["fail_ratio"] == 0, report.get("errors")
+    server_after, after = server_counters(stack), stack.exporter_samples()
+
+    def ours(snap: Sample, name: str, **labels: str) -> dict[str, float]:
+        return by_variant(snap, name, **labels)
+    # every request Locust's master counted went through the exporter and finished there, none was cut
+    finished = {v: ours(after, "specwatch_requests_total", outcome="ok")[v]
+                - ours(before, "specwatch_requests_total", outcome="ok")[v] for v in ("baseline", "candidate")}
+    assert sum(finished.values()) == sent, (finished, sent)
+    assert total(after, "specwatch_requests_total") - total(before, "specwatch_requests_total") == sent
+    assert min(finished.values()) > 0, finished
+    # the exporter's sums of the per-request fields equal the servers' counter deltas, variant by variant
+    for vllm_name, (name, labels) in PAIRS.items():
+        for variant in ("baseline", "candidate"):
+            server = (server_after.get((vllm_name, variant), 0.0)
+                      - server_before.get((vllm_name, variant), 0.0))
+            mine = ours(after, name, **labels)[variant] - ours(before, name, **labels)[variant]
+            assert server == mine, (vllm_name, variant, server, mine)
+    assert server_after[("vllm:spec_decode_num_draft_tokens_total", "candidate")] > 0
+    # n-gram drafts far more of code than of chat (its share of decode steps, per task as the exporter counts)
+    share = {t: (total(after, "specwatch_spec_steps_total", variant="candidate", task=t)
+                 - total(before, "specwatch_spec_steps_total", variant="candidate", task=t))
+             / (total(after, "specwatch_decode_steps_total", variant="candidate", task=t)
+                - total(before, "specwatch_decode_steps_total", variant="candidate", task=t)) for t in TASKS}
+    print(f"{stack.project}: {sent} requests, finished by variant {finished}, drafted share {share}")
+    assert share["code"] > 2 * share["chat"], share
+
+
+def test_recording_rules_return_values_for_both_variants(stack: ComposeStack) -> None:
+    def both(query: str) -> dict[str, float] | None:
+        got = stack.prometheus_values(query, "variant")
+        return got if {"baseline", "candidate"} <= set(got) else None
+    for query in ("variant:specwatch_tpot_seconds:p95_rate5m", "variant:vllm_generation_tokens:rate5m"):
+        values = stack.wait(f"{query} for both variants", lambda q=query: both(q), timeout=60)  # type: ignore[misc]
+        assert all(v >= 0 for v in values.values()), values
+    acceptance = stack.prometheus_values("variant_task:specwatch_acceptance_rate:ratio_rate5m", "task")
+    assert set(TASKS) <= set(acceptance) and all(0 < v <= 1 for v in acceptance.values()), acceptance
+
+
+def test_a_pushed_canary_verdict_is_read_back_from_prometheus(stack: ComposeStack, tmp_path: Path) -> None:
+    env = {**os.environ, "SPECWATCH_ADMIN_TOKEN": TOKEN}
+    done = subprocess.run(
+        [sys.executable, "-m", "specwatch.cli", "canary", "--prometheus", stack.url("prometheus"),
+         "--window", "10m", "--out", str(tmp_path), "--push-to", stack.url("exporter")],
+        env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode in (0, 3, 4, 5), done.stderr
+    verdicts = stack.wait("the pushed verdict in Prometheus",
+                          lambda: stack.prometheus_values("specwatch_canary_verdict == 1", "task") or None,
+                          timeout=30)
+    assert set(TASKS) <= set(verdicts), verdicts
+
+
+# --- faults a user will hit
+
+
+def chat(stack: ComposeStack, variant: str, max_tokens: int = 16) -> requests.Response:
+    """One streamed request through the published exporter, pinned to a variant by its header."""
+    body = {"model": "spec-demo", "messages": [{"role": "user", "content": "def add(a, b):"}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    return requests.post(stack.url("exporter") + "/v1/chat/completions", json=body, timeout=300,
+                         headers={"X-Specwatch-Task": "code", "X-Specwatch-Variant": variant})
+
+
+def event_log(stack: ComposeStack) -> list[str]:
+    """The exporter's event log, read from its volume through the running container."""
+    out = stack.compose("exec", "-T", "exporter", "cat", "/var/lib/specwatch/exporter-events.jsonl").stdout
+    return out.splitlines()
+
+
+def candidate_server(stack: ComposeStack) -> str:
+    return {"sim": "sim-candidate", "cpu": "vllm-candidate"}[stack.profile]
+
+
+def test_a_crashed_server_gives_502s_and_comes_back_by_its_restart_policy(stack: ComposeStack) -> None:
+    service = candidate_server(stack)
+    state = stack.inspect(service)
+    restarts, pid = state["RestartCount"], state["State"]["Pid"]
+    log_before = event_log(stack)
+    before = stack.exporter_samples()
+    os.kill(pid, signal.SIGKILL)  # the server process dies (an OOM kill, a crash), not a `docker stop`
+    failed = stack.wait("a 502 from the exporter", lambda: r if (r := chat(stack, "candidate")).status_code == 502
+                        else None, timeout=30)
+    error = failed.json()["error"]
+    assert error["code"] == 502 and error["type"] == "BadGateway" and "candidate" in error["message"], error
+    down = stack.wait("specwatch_upstream_up{variant=candidate} 0 at the exporter",
+                      lambda: True if stack.exporter_samples()[("specwatch_upstream_up", (("variant", "candidate"),))]
+                      == 0 else None, timeout=30)
+    assert down
+    assert (total(stack.exporter_samples(), "specwatch_requests_total", variant="candidate", outcome="upstream_error")
+            > total(before, "specwatch_requests_total", variant="candidate", outcome="upstream_error"))
+    assert chat(stack, "baseline").status_code == 200  # the other variant serves on
+    # the restart policy brings the container back; the exporter sees it healthy and counting resumes
+    stack.wait(f"{service} restarted and healthy", lambda: True if (s := stack.inspect(service))["RestartCount"]
+               > restarts and s["State"]["Health"]["Status"] == "healthy" else None,
+               timeout=PROFILES[stack.profile]["restart_s"], services=(service,), interval=2)
+    stack.wait("specwatch_upstream_up{variant=candidate} back to 1",
+               lambda: True if stack.exporter_samples()[("specwatch_upstream_up", (("variant", "candidate"),))]
+               == 1 else None, timeout=30)
+    ok_before = total(stack.exporter_samples(), "specwatch_requests_total", variant="candidate", outcome="ok")
+    assert chat(stack, "candidate").status_code == 200
+    assert total(stack.exporter_samples(), "specwatch_requests_total", variant="candidate", outcome="ok") \
+        == ok_before + 1
+    log_after = event_log(stack)
+    assert log_after[:len(log_before)] == log_before and len(log_after) > len(log_before)
+
+
+@pytest.mark.parametrize("profile", ["sim"])
+def test_a_server_down_for_a_minute_fires_the_upstream_down_alert(stack: ComposeStack, profile: str) -> None:
+    if stack.profile != profile:
+        pytest.skip("the alert and the rules are the same for every profile: checked once, on the fast one")
+    service = candidate_server(stack)
+    stack.compose("stop", service, timeout=120)
+    try:
+        firing = stack.wait("SpecwatchUpstreamDown firing in Prometheus", lambda: stack.prometheus(
+            'ALERTS{alertname="SpecwatchUpstreamDown", alertstate="firing"}') or None, timeout=150, interval=5)
+        assert firing[0]["metric"]["variant"] == "candidate"
+    finally:
+        stack.compose("start", service, timeout=120)
+    stack.wait("SpecwatchUpstreamDown resolved", lambda: True if not stack.prometheus(
+        'ALERTS{alertname="SpecwatchUpstreamDown"}') else None, timeout=90, interval=5)
+
+
+@pytest.mark.parametrize("profile", ["sim"])
+def test_a_restarted_exporter_resets_its_counters_and_the_recorded_rates_stay_exact(stack: ComposeStack,
+                                                                                    profile: str) -> None:
+    if stack.profile != profile:
+        pytest.skip("needs the whole load inside the 1m rule window: the simulator's speed")
+    names = ("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total")
+
+    def exported(snap: Sample) -> dict[tuple[str, str], float]:
+        return {(n, t): total(snap, n, variant="candidate", task=t) for n in names for t in TASKS}
+
+    def scraped() -> dict[tuple[str, str], float]:
+        got = stack.prometheus('{__name__=~"specwatch_(accepted|draft)_tokens_total", variant="candidate"}')
+        return {(r["metric"]["__name__"], r["metric"]["task"]): float(r["value"][1]) for r in got
+                if r["metric"]["task"] in TASKS}
+
+    # flat counters for a whole window first, so the window holds only what this test sends
+    time.sleep(65)
+    start = exported(stack.exporter_samples())
+    log_before = event_log(stack)
+    sent_first, _ = swarm(stack, per_task=3)
+    first = exported(stack.exporter_samples())
+    stack.wait("Prometheus scraped the exporter after the first load",
+               lambda: True if scraped() == first else None, timeout=30)
+    stack.compose("restart", "exporter", timeout=120)
+    stack.wait("the exporter healthy again", lambda: True if stack.inspect("exporter")["State"]["Health"]["Status"]
+               == "healthy" else None, timeout=60, services=("exporter",))
+    assert exported(stack.exporter_samples()) == dict.fromkeys(first, 0.0)  # a new process: counters from 0
+    sent_second, _ = swarm(stack, per_task=3)
+    second = exported(stack.exporter_samples())
+    stack.wait("Prometheus scraped the exporter after the second load",
+               lambda: True if scraped() == second else None, timeout=30)
+    resets = stack.prometheus('sum(resets(specwatch_draft_tokens_total{variant="candidate"}[1m]))')
+    assert float(resets[0]["value"][1]) > 0, resets
+    rate = stack.prometheus_values('variant_task:specwatch_acceptance_rate:ratio_rate1m{variant="candidate"}',
+                                   "task")
+    for task in TASKS:
+        c = first[(names[0], task)] - start[(names[0], task)] + second[(names[0], task)]
+        d = first[(names[1], task)] - start[(names[1], task)] + second[(names[1], task)]
+        assert d > 0 and rate[task] == pytest.approx(c / d, rel=1e-9), (task, c, d, rate)
+    # the event log on its volume kept every line written before the restart, then the new ones
+    log_after = event_log(stack)
+    assert log_after[:len(log_before)] == log_before
+    assert len(log_after) == len(log_before) + sent_first + sent_second
+
+
+def test_down_removes_every_container_network_and_volume(stack: ComposeStack) -> None:
+    assert any(stack.leftovers().values())  # it is up: the check below can see them
+    stack.compose("down", "-v", "--remove-orphans", timeout=300)
+    assert stack.leftovers() == {"container": [], "network": [], "volume": []}
