@@ -312,7 +312,7 @@ def _dispatch(home: Home, args: argparse.Namespace) -> int:
         return run_canary(args)
     if args.verb == "images":
         from specwatch.compose.cli import run_cli as run_images
-        return run_images(args)
+        return run_images(home, args)
     if args.verb == "snapshot":
         from specwatch import snapshot
         snap = snapshot.take(args.url)

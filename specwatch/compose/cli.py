@@ -12,6 +12,8 @@ from pathlib import Path
 
 from specwatch.compose import images
 from specwatch.compose.docker_cli import DockerError
+from specwatch.config import Home
+from specwatch.vllm_cpu.setup import is_installed
 
 EXIT_OK, EXIT_ERROR = 0, 1
 
@@ -38,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--mirror", default=images.DEBIAN_MIRROR, help="Debian mirror for a local base")
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run_cli(home: Home, args: argparse.Namespace) -> int:
     try:
         if args.action == "base":
             cfg = images.ImagesConfig(root=Path.cwd(), env=dict(os.environ), mirror=args.mirror)
@@ -47,7 +49,8 @@ def run_cli(args: argparse.Namespace) -> int:
         cfg = images.ImagesConfig(
             root=args.root.resolve(), env=dict(os.environ), base=args.base,
             profiles=tuple(args.profile or ("cpu",)), offline=args.offline, ca_bundle=args.ca_bundle,
-            wheelhouses=tuple(args.wheelhouse or ()), mirror=args.mirror)
+            wheelhouses=tuple(args.wheelhouse or ()), mirror=args.mirror,
+            vllm_python=home.vllm_python if is_installed(home) else None)
         if not (cfg.root / "compose.yaml").is_file():
             print(f"specwatch images: --root {cfg.root}: no compose.yaml there", file=sys.stderr)
             return 2

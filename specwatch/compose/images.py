@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specwatch.compose.docker_cli import DockerError, compose_command, docker_binary, run
+from specwatch.vllm_cpu import pins
 
 LOCAL_BASE = "specwatch/base:bookworm-python3.11"
 # What the Dockerfiles need of a base: Python 3.11 with venv (and headers for the vLLM build), CA certificates.
@@ -55,6 +56,7 @@ class ImagesConfig:
     ca_bundle: Path | None = None             # None: pip's configured `cert`
     wheelhouses: tuple[Path, ...] = ()        # empty: pip's configured `find-links` folders
     mirror: str = DEBIAN_MIRROR
+    vllm_python: Path | None = None           # the host's vLLM CPU environment, for its source-only wheels
     build_timeout_s: float = 3600.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -112,7 +114,21 @@ def stage_inputs(cfg: ImagesConfig) -> BuildInputs:
             except OSError:
                 shutil.copyfile(wheel, target)
             staged.append(target)
+    if cfg.vllm_python is not None:
+        staged += host_built_wheels(cfg.vllm_python, wheels_dir)
     return BuildInputs(staged_ca if ca is not None else None, tuple(staged))
+
+
+def host_built_wheels(vllm_python: Path, wheels_dir: Path) -> list[Path]:
+    """The vLLM environment's source-only packages as wheels, from the host's pip (its wheel cache: no compile
+    when that environment was installed here). Built for this host's CPU and libc: for images built here."""
+    before = set(wheels_dir.glob("*.whl"))
+    done = subprocess.run([str(vllm_python), "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir",
+                           str(wheels_dir), *pins.SOURCE_ONLY], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"== no host-built wheel of {', '.join(pins.SOURCE_ONLY)} (the image build compiles it): "
+              f"{done.stderr.strip()[-300:]}", flush=True)
+    return sorted(set(wheels_dir.glob("*.whl")) - before)
 
 
 def image_present(image: str, env: Mapping[str, str]) -> bool:

