@@ -24,7 +24,8 @@ RUN . /tmp/build-inputs/pip-env.sh \
  && venv/bin/pip install -r /tmp/requirements.txt
 COPY README.md ./
 COPY specwatch/ specwatch/
-RUN venv/bin/pip install --no-deps . \
+RUN . /tmp/build-inputs/pip-env.sh \
+ && venv/bin/pip install --no-deps . \
  && venv/bin/specwatch workloads --out data/en --lang en \
  && venv/bin/specwatch workloads --out data/zh --lang zh \
  && rm -rf specwatch README.md pyproject.toml

@@ -537,6 +537,10 @@ def test_build_inputs_reach_the_build_stage_only() -> None:
         assert builders and all("COPY docker/build-inputs/" in b for b in builders), name
         assert "build-inputs" not in final and "PIP_CERT" not in final, name
         assert re.search(r"^COPY --from=build ", final, re.M), name
+        # pip trusts the staged CA bundle only where pip-env.sh was sourced: every RUN that installs does it
+        runs = re.findall(r"^RUN (.+?)$", "".join(builders).replace("\\\n", " "), re.M)
+        installing = [r for r in runs if "pip install" in r or "setup(" in r]
+        assert installing and all(r.startswith(". /tmp/build-inputs/pip-env.sh") for r in installing), installing
     assert (ROOT / ".gitignore").read_text().count("/docker/build-inputs/*") == 1
 
 

@@ -80,6 +80,19 @@ def stack(request: pytest.FixtureRequest, docker_engine: engine_mod.Engine,
     stack.compose("down", "-v", "--remove-orphans", timeout=300, check=False)
 
 
+@pytest.mark.parametrize("image", ["specwatch/specwatch:0.1.0", "specwatch/vllm-cpu:0.32.0"])
+def test_images_run_as_a_user_that_reads_its_files_and_carry_no_build_input(
+        docker_engine: engine_mod.Engine, built: tuple[str, bool], image: str) -> None:
+    script = ("id -u; find / -xdev \\( -name ca-bundle.crt -o -name 'torch-*.whl' -o -name build-inputs "
+              "-o -name 'arctic_inference-*.whl' \\) -print 2>/dev/null; "
+              "find /opt/specwatch -xdev ! -readable -print 2>/dev/null | head -5")
+    done = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", image, "-c", script],
+                          env=docker_engine.env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    uid, *found = done.stdout.split()
+    assert uid != "0" and found == [], done.stdout  # not root; no CA bundle, wheel or unreadable file
+
+
 # --- helpers: the load through Locust's HTTP API, the counters through Prometheus and the exporter
 
 
