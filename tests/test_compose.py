@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from specwatch import __version__
+from specwatch.compose.images import LOCAL_BASE
 from specwatch.config import Home
 from specwatch.exporter import config as exporter_config
 from specwatch.exporter.main import parser as exporter_parser
@@ -604,7 +605,11 @@ def test_the_offline_override_builds_prometheus_from_debian_and_leaves_grafana_o
     prometheus = found["prometheus"]
     assert prometheus["image"] == "specwatch/prometheus:2.42-debian" and prometheus["pull_policy"] == "build"
     assert prometheus["build"]["dockerfile"] == "docker/prometheus.Dockerfile"
-    assert prometheus["build"]["args"]["BASE_IMAGE"] == online["exporter"]["build"]["args"]["BASE_IMAGE"]
+    # every image on the local base `specwatch images base` makes, without the PyTorch index (a wheel instead)
+    builds = {name: s["build"]["args"] for name, s in found.items() if "build" in s}
+    assert set(builds) == {"exporter", "prometheus", "vllm-baseline"}
+    assert {args["BASE_IMAGE"] for args in builds.values()} == {LOCAL_BASE}
+    assert builds["vllm-baseline"]["PIP_EXTRA_INDEX_URL"] == ""
     # the same flags and files as the official image's service, published on loopback (no Grafana to query it)
     assert prometheus["command"] == online["prometheus"]["command"]
     assert prometheus["volumes"] == online["prometheus"]["volumes"]

@@ -47,6 +47,10 @@ def test_without_a_torch_wheel_the_pytorch_index_stays(tmp_path: Path) -> None:
     staged = images.stage_inputs(config(tmp_path, ca_bundle=ca, wheelhouses=(house,)))
     assert not staged.has_torch_cpu
     assert "SPECWATCH_TORCH_INDEX" not in images.build_env(config(tmp_path), images.LOCAL_BASE, staged)
+    # offline, the compose files' own defaults (local base, no index) are what the build used: nothing to add
+    env = images.build_env(config(tmp_path), images.LOCAL_BASE, staged, offline=True)
+    settings = {k: env[k] for k in images.expected_settings(ROOT, offline=True)}
+    assert settings == images.expected_settings(ROOT, offline=True)
 
 
 def test_a_missing_ca_bundle_or_wheelhouse_is_named(tmp_path: Path) -> None:

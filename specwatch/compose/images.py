@@ -196,14 +196,22 @@ def compose_files(root: Path, offline: bool) -> list[str]:
     return [*files, "-f", str(root / OFFLINE_FILE)] if offline else files
 
 
-def build_env(cfg: ImagesConfig, base: str, inputs: BuildInputs) -> dict[str, str]:
-    """The environment compose builds with: the base, and no PyTorch index where the wheelhouse has torch."""
+def build_env(cfg: ImagesConfig, base: str, inputs: BuildInputs, offline: bool = False) -> dict[str, str]:
+    """The environment compose builds with: the base, and no PyTorch index where the wheelhouse has torch or
+    no registry answers."""
     env = {**cfg.env, **cfg.extra_env, "SPECWATCH_BASE_IMAGE": base}
     # compose interpolates every service, Grafana's required password included, even to build others
     env.setdefault("GRAFANA_ADMIN_PASSWORD", "unused-by-the-build")
-    if inputs.has_torch_cpu:
+    if inputs.has_torch_cpu or offline:
         env["SPECWATCH_TORCH_INDEX"] = ""
     return env
+
+
+def expected_settings(root: Path, offline: bool) -> dict[str, str]:
+    """What the compose files build with when .env sets nothing: the settings `build` need not print."""
+    if offline:
+        return {"SPECWATCH_BASE_IMAGE": LOCAL_BASE, "SPECWATCH_TORCH_INDEX": ""}
+    return {"SPECWATCH_BASE_IMAGE": official_base(root)}
 
 
 def build(cfg: ImagesConfig) -> tuple[str, bool]:
@@ -212,7 +220,7 @@ def build(cfg: ImagesConfig) -> tuple[str, bool]:
     print(f"== build inputs: CA bundle {'staged' if inputs.ca_bundle else 'none'}, "
           f"{len(inputs.wheels)} wheel(s) in {cfg.inputs_dir / 'wheels'}", flush=True)
     base, offline = choose_base(cfg)
-    env = build_env(cfg, base, inputs)
+    env = build_env(cfg, base, inputs, offline)
     cmd = [*compose_command(), "--project-directory", str(cfg.root), *compose_files(cfg.root, offline)]
     for profile in cfg.profiles:
         cmd += ["--profile", profile]
@@ -220,6 +228,11 @@ def build(cfg: ImagesConfig) -> tuple[str, bool]:
     start = time.monotonic()
     run([*cmd, "build"], env, timeout=cfg.build_timeout_s, capture=False)
     print(f"== images built in {time.monotonic() - start:.0f} s on {base}", flush=True)
+    settings = {k: env[k] for k in ("SPECWATCH_BASE_IMAGE", "SPECWATCH_TORCH_INDEX") if k in env}
+    if settings != expected_settings(cfg.root, offline):
+        # `up` rebuilds (pull_policy: build): with other arguments it would miss every cached layer
+        print("== for `docker compose up` to reuse these layers, put in .env: "
+              + " ".join(f"{k}={v}" for k, v in settings.items()), flush=True)
     if offline:
         print(f"== offline: start with `docker compose -f compose.yaml -f {OFFLINE_FILE} up`. {GRAFANA_NOTICE}",
               flush=True)
