@@ -165,6 +165,49 @@ def test_every_target_is_up_and_the_rules_and_alerts_are_loaded(stack: ComposeSt
         assert "grafana" not in stack.compose("ps", "--services").stdout.split()
 
 
+# the whole load inside the 1m rule window: the simulator's speed; the first load of its stack
+@pytest.mark.parametrize("stack", ["sim"], indirect=True)
+def test_a_restarted_exporter_resets_its_counters_and_the_recorded_rates_stay_exact(stack: ComposeStack) -> None:
+    names = ("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total")
+
+    def exported(snap: Sample) -> dict[tuple[str, str], float]:
+        return {(n, t): total(snap, n, variant="candidate", task=t) for n in names for t in TASKS}
+
+    def scraped() -> dict[tuple[str, str], float]:
+        got = stack.prometheus('{__name__=~"specwatch_(accepted|draft)_tokens_total", variant="candidate"}')
+        return {(r["metric"]["__name__"], r["metric"]["task"]): float(r["value"][1]) for r in got
+                if r["metric"]["task"] in TASKS}
+
+    # first on a new stack, so the window holds only what this test sends (8 requests per task twice: the random
+    # split leaves the candidate without one of a task with p = 2**-16)
+    start = exported(stack.exporter_samples())
+    log_before = event_log(stack)
+    sent_first, _ = swarm(stack, per_task=8)
+    first = exported(stack.exporter_samples())
+    stack.wait("Prometheus scraped the exporter after the first load",
+               lambda: True if scraped() == first else None, timeout=30)
+    stack.compose("restart", "exporter", timeout=120)
+    stack.wait("the exporter healthy again", lambda: True if stack.inspect("exporter")["State"]["Health"]["Status"]
+               == "healthy" else None, timeout=60, services=("exporter",))
+    assert exported(stack.exporter_samples()) == dict.fromkeys(first, 0.0)  # a new process: counters from 0
+    sent_second, _ = swarm(stack, per_task=8)
+    second = exported(stack.exporter_samples())
+    stack.wait("Prometheus scraped the exporter after the second load",
+               lambda: True if scraped() == second else None, timeout=30)
+    resets = stack.prometheus('sum(resets(specwatch_draft_tokens_total{variant="candidate"}[1m]))')
+    assert float(resets[0]["value"][1]) > 0, resets
+    for task in TASKS:
+        c = first[(names[0], task)] - start[(names[0], task)] + second[(names[0], task)]
+        d = first[(names[1], task)] - start[(names[1], task)] + second[(names[1], task)]
+        assert d > 0, (task, first, second)
+        rule = "variant_task:specwatch_acceptance_rate:ratio_rate1m"
+        wait_recorded(stack, f'{rule}{{variant="candidate", task="{task}"}}', c / d)
+    # the event log on its volume kept every line written before the restart, then the new ones
+    log_after = event_log(stack)
+    assert log_after[:len(log_before)] == log_before
+    assert len(log_after) == len(log_before) + sent_first + sent_second
+
+
 # vLLM's counters and the exporter's sums of the per-request fields that must equal their deltas
 PAIRS = {"vllm:request_success_total": ("specwatch_requests_total", {"outcome": "ok"}),
          "vllm:spec_decode_num_drafts_total": ("specwatch_spec_steps_total", {}),
@@ -312,50 +355,6 @@ def test_a_server_down_for_a_minute_fires_the_upstream_down_alert(stack: Compose
     upstream_up(stack, "candidate", 1.0)
     stack.wait("SpecwatchUpstreamDown resolved", lambda: True if not stack.prometheus(
         'ALERTS{alertname="SpecwatchUpstreamDown"}') else None, timeout=90, interval=5)
-
-
-# the whole load inside the 1m rule window: the simulator's speed
-@pytest.mark.parametrize("stack", ["sim"], indirect=True)
-def test_a_restarted_exporter_resets_its_counters_and_the_recorded_rates_stay_exact(stack: ComposeStack) -> None:
-    names = ("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total")
-
-    def exported(snap: Sample) -> dict[tuple[str, str], float]:
-        return {(n, t): total(snap, n, variant="candidate", task=t) for n in names for t in TASKS}
-
-    def scraped() -> dict[tuple[str, str], float]:
-        got = stack.prometheus('{__name__=~"specwatch_(accepted|draft)_tokens_total", variant="candidate"}')
-        return {(r["metric"]["__name__"], r["metric"]["task"]): float(r["value"][1]) for r in got
-                if r["metric"]["task"] in TASKS}
-
-    # flat counters for a whole window first, so the window holds only what this test sends (8 requests per task
-    # twice: the random split leaves the candidate without one of a task with p = 2**-16)
-    time.sleep(65)
-    start = exported(stack.exporter_samples())
-    log_before = event_log(stack)
-    sent_first, _ = swarm(stack, per_task=8)
-    first = exported(stack.exporter_samples())
-    stack.wait("Prometheus scraped the exporter after the first load",
-               lambda: True if scraped() == first else None, timeout=30)
-    stack.compose("restart", "exporter", timeout=120)
-    stack.wait("the exporter healthy again", lambda: True if stack.inspect("exporter")["State"]["Health"]["Status"]
-               == "healthy" else None, timeout=60, services=("exporter",))
-    assert exported(stack.exporter_samples()) == dict.fromkeys(first, 0.0)  # a new process: counters from 0
-    sent_second, _ = swarm(stack, per_task=8)
-    second = exported(stack.exporter_samples())
-    stack.wait("Prometheus scraped the exporter after the second load",
-               lambda: True if scraped() == second else None, timeout=30)
-    resets = stack.prometheus('sum(resets(specwatch_draft_tokens_total{variant="candidate"}[1m]))')
-    assert float(resets[0]["value"][1]) > 0, resets
-    for task in TASKS:
-        c = first[(names[0], task)] - start[(names[0], task)] + second[(names[0], task)]
-        d = first[(names[1], task)] - start[(names[1], task)] + second[(names[1], task)]
-        assert d > 0, (task, first, second)
-        rule = "variant_task:specwatch_acceptance_rate:ratio_rate1m"
-        wait_recorded(stack, f'{rule}{{variant="candidate", task="{task}"}}', c / d)
-    # the event log on its volume kept every line written before the restart, then the new ones
-    log_after = event_log(stack)
-    assert log_after[:len(log_before)] == log_before
-    assert len(log_after) == len(log_before) + sent_first + sent_second
 
 
 def wait_recorded(stack: ComposeStack, query: str, want: float) -> None:

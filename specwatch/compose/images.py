@@ -9,12 +9,14 @@ compose.offline.yaml is added: Prometheus from Debian's package, no Grafana.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -207,6 +209,41 @@ def build_env(cfg: ImagesConfig, base: str, inputs: BuildInputs, offline: bool =
     return env
 
 
+def build_side_by_side(commands: list[list[str]], names: list[str], env: Mapping[str, str],
+                       timeout: float) -> None:
+    """One `compose build SERVICE` per image at once (compose alone builds an image after the images of the
+    services it depends on), each output line prefixed with its service; the first failure raises."""
+    failures: list[str] = []
+
+    def one(cmd: list[str], name: str) -> None:
+        began = time.monotonic()
+        proc = subprocess.Popen(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line and not line.startswith("Sending build context"):
+                print(f"[{name}] {line}", flush=True)
+                tail = [*tail[-29:], line]
+        try:
+            code = proc.wait(max(1.0, timeout - (time.monotonic() - began)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = -9
+        if code != 0:
+            failures.append(f"`{' '.join(cmd)}` exited {code}:\n" + "\n".join(tail))
+        else:
+            print(f"== {name}: built in {time.monotonic() - began:.0f} s", flush=True)
+
+    threads = [threading.Thread(target=one, args=(cmd, name)) for cmd, name in zip(commands, names, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise DockerError("\n".join(failures))
+
+
 def expected_settings(root: Path, offline: bool) -> dict[str, str]:
     """What the compose files build with when .env sets nothing: the settings `build` need not print."""
     if offline:
@@ -224,9 +261,11 @@ def build(cfg: ImagesConfig) -> tuple[str, bool]:
     cmd = [*compose_command(), "--project-directory", str(cfg.root), *compose_files(cfg.root, offline)]
     for profile in cfg.profiles:
         cmd += ["--profile", profile]
-    print(f"== {' '.join(cmd)} build (BASE_IMAGE={base})", flush=True)
+    config = json.loads(run([*cmd, "config", "--format", "json"], env, timeout=120).stdout)
+    services = sorted(name for name, service in config["services"].items() if "build" in service)
+    print(f"== {' '.join(cmd)} build {' '.join(services)} (BASE_IMAGE={base}), side by side", flush=True)
     start = time.monotonic()
-    run([*cmd, "build"], env, timeout=cfg.build_timeout_s, capture=False)
+    build_side_by_side([[*cmd, "build", name] for name in services], services, env, cfg.build_timeout_s)
     print(f"== images built in {time.monotonic() - start:.0f} s on {base}", flush=True)
     settings = {k: env[k] for k in ("SPECWATCH_BASE_IMAGE", "SPECWATCH_TORCH_INDEX") if k in env}
     if settings != expected_settings(cfg.root, offline):
