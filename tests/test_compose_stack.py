@@ -24,6 +24,7 @@ import requests
 from specwatch.compose import engine as engine_mod
 from specwatch.compose import images
 from specwatch.config import Home
+from specwatch.grafana.key_queries import key_queries, substitute
 from tests.compose_stack import ROOT, ComposeStack, Sample, total
 
 pytestmark = pytest.mark.compose
@@ -41,6 +42,15 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
+def timings(config: pytest.Config, key: str, **values: Any) -> None:
+    """What the README reports (build, `up` and first-panel times), kept in pytest's cache:
+    `.pytest_cache/v/compose/timings` after a run."""
+    assert config.cache is not None
+    found = config.cache.get("compose/timings", {})
+    found[key] = {**found.get(key, {}), **values}
+    config.cache.set("compose/timings", found)
+
+
 @pytest.fixture(scope="session")
 def docker_engine(home: Home) -> Iterator[engine_mod.Engine]:
     engine = engine_mod.obtain(home.root / "docker", os.environ)
@@ -49,13 +59,16 @@ def docker_engine(home: Home) -> Iterator[engine_mod.Engine]:
 
 
 @pytest.fixture(scope="session")
-def built(docker_engine: engine_mod.Engine) -> tuple[str, bool]:
+def built(request: pytest.FixtureRequest, docker_engine: engine_mod.Engine) -> tuple[str, bool]:
     """(base image, offline): `specwatch images build` for both profiles, layers reused when present."""
+    started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "specwatch.cli", "images", "build", "--root", str(ROOT),
          "--profile", "sim", "--profile", "cpu"],
         env=docker_engine.env, capture_output=True, text=True, timeout=3600, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    timings(request.config, "images", build_s=round(time.monotonic() - started, 1),
+            lines=[line for line in done.stdout.splitlines() if line.startswith("== ")])
     base = next(line.rsplit(" on ", 1)[1] for line in done.stdout.splitlines() if line.startswith("== images built"))
     offline = "== offline:" in done.stdout
     if offline:
@@ -72,9 +85,10 @@ def stack(request: pytest.FixtureRequest, docker_engine: engine_mod.Engine,
                                 {"GRAFANA_ADMIN_PASSWORD": PASSWORD, "SPECWATCH_ADMIN_TOKEN": TOKEN,
                                  **spec["settings"]})
     stack.compose("down", "-v", "--remove-orphans", timeout=120, check=False)  # a crashed earlier run's
-    started = time.monotonic()
+    started, stack.started_at = time.monotonic(), time.time()
     stack.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=960)
     stack.up_seconds = time.monotonic() - started
+    timings(request.config, profile, up_healthy_s=round(stack.up_seconds, 1))
     print(f"\n{stack.project}: healthy in {stack.up_seconds:.0f} s")
     yield stack
     stack.compose("down", "-v", "--remove-orphans", timeout=300, check=False)
@@ -221,9 +235,28 @@ def server_counters(stack: ComposeStack) -> dict[tuple[str, str], float]:
     return settled_vllm(stack, list(PAIRS))
 
 
-def test_a_labelled_load_through_locust_is_counted_exactly_on_both_sides(stack: ComposeStack) -> None:
+def first_acceptance_panel_point(stack: ComposeStack, since: float) -> float | None:
+    """When the acceptance dashboard's "Server acceptance rate" panel (its own PromQL) first had a value."""
+    query = next(q for q in key_queries() if q.panel == "Server acceptance rate")
+    for expr, _ in query.exprs:
+        params: dict[str, str | float] = {"query": substitute(expr), "start": since, "end": time.time(), "step": 1}
+        body = requests.get(stack.url("prometheus") + "/api/v1/query_range", timeout=10, params=params).json()
+        points = [float(t) for series in body["data"]["result"] for t, _ in series["values"]]
+        if points:
+            return min(points)
+    return None
+
+
+def test_a_labelled_load_through_locust_is_counted_exactly_on_both_sides(stack: ComposeStack,
+                                                                         request: pytest.FixtureRequest) -> None:
     server_before, before = server_counters(stack), stack.exporter_samples()
+    swarm_at = time.time()
     sent, report = swarm(stack)
+    # for the README: from `up` to the panel's first point, with the first load sent once the stack was healthy
+    first = stack.wait("a point on the acceptance panel",
+                       lambda: first_acceptance_panel_point(stack, stack.started_at), timeout=30)
+    timings(request.config, stack.profile, acceptance_panel_after_up_s=round(first - stack.started_at, 1),
+            load_s=round(time.time() - swarm_at, 1))
     assert report["fail_ratio"] == 0, report.get("errors")
     server_after, after = server_counters(stack), stack.exporter_samples()
 
