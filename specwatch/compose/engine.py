@@ -25,7 +25,6 @@ class Engine:
 
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
-    log: Path | None = None
 
     def stop(self, timeout: float = 60) -> None:
         """Stop the engine if it was started here (its containers stop with it); a no-op otherwise."""
@@ -73,7 +72,7 @@ def obtain(state: Path, environ: Mapping[str, str], *, start_timeout: float = 90
         [dockerd, "--data-root", str(state / "data"), "--exec-root", str(state / "exec"),
          "--pidfile", str(state / "dockerd.pid"), "--host", private_host(state)],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-    engine = Engine(env, proc, log)
+    engine = Engine(env, proc)
     deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
