@@ -20,6 +20,8 @@ from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.vllm_cpu.server import NGRAM_CONFIG, VllmServer, serve_argv
 from specwatch.vllm_cpu.setup import is_installed
 
+pytest_plugins = ["tests.compose_prebuild"]  # the compose tier's images build while the rest runs
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Tests that stop a child with SIGINT (Ctrl+C) need it to reach the child. A shell that starts the suite in

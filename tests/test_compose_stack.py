@@ -24,9 +24,9 @@ import requests
 from specwatch.compose import engine as engine_mod
 from specwatch.compose import images
 from specwatch.compose.docker_cli import docker_binary
-from specwatch.config import Home
 from specwatch.grafana.key_queries import key_queries, substitute
-from tests.compose_stack import ROOT, ComposeStack, Sample, total
+from tests.compose_prebuild import Prebuild
+from tests.compose_stack import ComposeStack, Sample, total
 
 pytestmark = pytest.mark.compose
 
@@ -53,27 +53,27 @@ def timings(config: pytest.Config, key: str, **values: Any) -> None:
 
 
 @pytest.fixture(scope="session")
-def docker_engine(home: Home) -> Iterator[engine_mod.Engine]:
-    engine = engine_mod.obtain(home.root / "docker", os.environ)
-    yield engine
-    engine.stop()
+def docker_engine(prebuild: Prebuild) -> engine_mod.Engine:
+    """Obtained at collection by tests/compose_prebuild.py, stopped at the end of the run."""
+    if prebuild.engine is None:
+        pytest.fail(f"no Docker engine for the compose tier: {prebuild.error}")
+    return prebuild.engine
 
 
 @pytest.fixture(scope="session")
-def built(request: pytest.FixtureRequest, docker_engine: engine_mod.Engine) -> tuple[str, bool]:
-    """(base image, offline): `specwatch images build` for both profiles, layers reused when present."""
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "specwatch.cli", "images", "build", "--root", str(ROOT),
-         "--profile", "sim", "--profile", "cpu"],
-        env=docker_engine.env, capture_output=True, text=True, timeout=3600, check=False)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    timings(request.config, "images", build_s=round(time.monotonic() - started, 1),
-            lines=[line for line in done.stdout.splitlines() if line.startswith("== ")])
-    base = next(line.rsplit(" on ", 1)[1] for line in done.stdout.splitlines() if line.startswith("== images built"))
-    offline = "== offline:" in done.stdout
+def built(request: pytest.FixtureRequest, prebuild: Prebuild) -> tuple[str, bool]:
+    """(base image, offline): `specwatch images build` for both profiles, started in the background at
+    collection (layers reused when present) and waited for here."""
+    waited = time.monotonic()
+    code, output, build_s = prebuild.wait()
+    assert code == 0, f"`specwatch images build` exited {code}; {prebuild.log}:\n{output[-6000:]}"
+    lines = [line for line in output.splitlines() if line.startswith("== ")]
+    timings(request.config, "images", build_s=round(build_s, 1),
+            waited_s=round(time.monotonic() - waited, 1), lines=lines)
+    base = next(line.rsplit(" on ", 1)[1] for line in lines if line.startswith("== images built"))
+    offline = "== offline:" in output
     if offline:
-        assert base == images.LOCAL_BASE and images.GRAFANA_NOTICE in done.stdout
+        assert base == images.LOCAL_BASE and images.GRAFANA_NOTICE in output
     return base, offline
 
 

@@ -50,9 +50,10 @@ def private_host(state: Path) -> str:
     return f"unix://{state / 'docker.sock'}"
 
 
-def obtain(state: Path, environ: Mapping[str, str], *, start_timeout: float = 90) -> Engine:
+def obtain(state: Path, environ: Mapping[str, str], *, start_timeout: float = 90, niceness: int = 0) -> Engine:
     """The engine of DOCKER_HOST (or the default socket) when it answers, else the private one under
-    `state` when it already runs, else a private dockerd started now and waited for."""
+    `state` when it already runs, else a private dockerd started now and waited for. A private dockerd
+    started with `niceness` > 0 runs under `nice`, and so does every build step and container it starts."""
     base = dict(environ)
     if answers(base):
         return Engine(base)
@@ -68,8 +69,9 @@ def obtain(state: Path, environ: Mapping[str, str], *, start_timeout: float = 90
     state.mkdir(parents=True, exist_ok=True)
     (state / "docker.sock").unlink(missing_ok=True)
     log = state / "dockerd.log"
+    nice = ["nice", "-n", str(niceness)] if niceness > 0 else []
     proc = subprocess.Popen(
-        [dockerd, "--data-root", str(state / "data"), "--exec-root", str(state / "exec"),
+        [*nice, dockerd, "--data-root", str(state / "data"), "--exec-root", str(state / "exec"),
          "--pidfile", str(state / "dockerd.pid"), "--host", private_host(state)],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
     engine = Engine(env, proc)
