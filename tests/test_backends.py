@@ -24,10 +24,12 @@ import requests
 from specwatch.backends import BackendError, BackendSpec, Launch, make_backend
 from specwatch.backends.base import port_open
 from specwatch.backends.docker import IMAGE, DockerBackend, DockerSettings
-from specwatch.backends.process import ProcessBackend, group_alive
+from specwatch.backends.process import ProcessBackend
 from specwatch.backends.sim import COMMAND as SIM_COMMAND
 from specwatch.config import Home
 from specwatch.net import free_port
+from specwatch.supervisor import group_alive
+from tests.test_supervisor import running
 
 SIM_ARGS = ("Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096", "--seed", "42")
 
@@ -60,11 +62,13 @@ def test_a_server_that_exits_early_is_reported_with_its_log(tmp_path: Path) -> N
 
 def test_a_server_that_never_gets_healthy_is_stopped_with_its_group(tmp_path: Path) -> None:
     script = tmp_path / "hang.py"
-    script.write_text("import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', "
-                      "'import time; time.sleep(600)'])\ntime.sleep(600)\n")
-    backend = ProcessBackend((sys.executable, str(script)))
+    script.write_text("import pathlib, subprocess, sys, time\nchild = subprocess.Popen([sys.executable, '-c', "
+                      "'import time; time.sleep(600)'])\npathlib.Path(sys.argv[-1]).write_text(str(child.pid))\n"
+                      "time.sleep(600)\n")
+    backend = ProcessBackend((sys.executable, str(script)), extra_args=(str(tmp_path / "child.pid"),))
     with pytest.raises(BackendError, match="not healthy"):
         backend.start(Launch("hang", ("model",), free_port(), tmp_path / "server.log", timeout=1.5))
+    assert not running(int((tmp_path / "child.pid").read_text()))  # the group's straggler went with its leader
 
 
 def test_make_backend_builds_the_simulator_backend(tmp_path: Path) -> None:

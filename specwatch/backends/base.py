@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-import requests
+from specwatch.supervisor import wait_http
 
 HOST = "127.0.0.1"
 
@@ -42,17 +42,8 @@ HealthCheck = Callable[[str, float, Callable[[], str | None]], None]
 
 def wait_http_health(url: str, deadline: float, died: Callable[[], str | None]) -> None:
     """Poll `GET url/health` until 200; fail early when the server dies, with the probe's reason."""
-    while time.monotonic() < deadline:
-        reason = died()
-        if reason is not None:
-            raise BackendError(reason)
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass  # the socket is bound before the engine has loaded: refusals are expected
-        time.sleep(0.5)
-    raise BackendError(f"not healthy at {url} within the timeout")
+    if not wait_http(url + "/health", deadline, died, BackendError):
+        raise BackendError(f"not healthy at {url} within the timeout")
 
 
 def port_open(port: int, host: str = HOST) -> bool:
@@ -68,13 +59,6 @@ def wait_port_closed(port: int, seconds: float = 15.0, host: str = HOST) -> bool
             return False
         time.sleep(0.2)
     return True
-
-
-def log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 class Server(Protocol):
@@ -109,6 +93,19 @@ class Backend(Protocol):
     def command_line(self, launch: Launch) -> list[str]:
         """The full command this backend runs (for the record; the docker one is the container's argv)."""
         ...
+
+
+ServerT = TypeVar("ServerT", bound=Server)
+
+
+def healthy_or_stopped(server: ServerT, health: HealthCheck, timeout: float, died: Callable[[], str | None]) -> ServerT:
+    """`server` once `health` has seen it answer; stopped first when it dies, times out or is interrupted."""
+    try:
+        health(server.url, time.monotonic() + timeout, died)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def with_listen(args: Sequence[str], host: str, port: int) -> list[str]:

@@ -23,11 +23,12 @@ from specwatch.backends.base import (
     BackendError,
     HealthCheck,
     Launch,
-    log_tail,
+    healthy_or_stopped,
     wait_http_health,
     wait_port_closed,
     with_listen,
 )
+from specwatch.supervisor import log_tail
 
 IMAGE = "vllm/vllm-openai:v0.32.0"
 CONTAINER_PORT = 8000
@@ -174,12 +175,7 @@ class DockerBackend:
         except docker.errors.DockerException as exc:
             raise BackendError(f"docker run {self.settings.image}: {exc}") from exc
         server = DockerServer(self.client, container, launch.port, launch.log_path, self.settings.stop_timeout)
-        try:
-            self.health(server.url, time.monotonic() + launch.timeout, server.died)
-        except BaseException:
-            server.stop()
-            raise
-        return server
+        return healthy_or_stopped(server, self.health, launch.timeout, server.died)
 
     def help_text(self) -> str | None:
         """`vllm serve --help` from the image (a short-lived container, removed afterwards)."""

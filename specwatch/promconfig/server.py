@@ -7,9 +7,7 @@ same configuration and differ only in where the targets are.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -21,6 +19,8 @@ from urllib.parse import urlsplit
 
 import requests
 import yaml
+
+from specwatch.supervisor import Supervisor
 
 REPO_PROMETHEUS = Path(__file__).resolve().parents[2] / "prometheus"
 VLLM_JOB, EXPORTER_JOB = "vllm", "specwatch-exporter"
@@ -84,7 +84,12 @@ class PrometheusServer:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.binary = binary
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: Supervisor | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        """The running `prometheus` (its pid is its process group's id)."""
+        return self.process.proc if self.process is not None else None
 
     def argv(self, config: Path) -> list[str]:
         return [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
@@ -97,22 +102,10 @@ class PrometheusServer:
             raise PrometheusError(f"no `{self.binary}` on PATH: the README's commands install Debian's prometheus "
                                   "(apt-get install --no-install-recommends prometheus)")
         config = write_layout(self.folder / "config", self.targets)
-        log = (self.folder / "prometheus.log").open("ab")
-        self.proc = subprocess.Popen(self.argv(config), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {self.proc.returncode}: "
-                                      f"{(self.folder / 'prometheus.log').read_text()[-2000:]}")
-            try:
-                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise PrometheusError(f"prometheus not ready on {self.url} after {timeout:.0f} s")
+        self.process = Supervisor("prometheus", self.argv(config), self.folder / "prometheus.log",
+                                  self.url + "/-/ready", grace=20.0, append=True, error=PrometheusError)
+        self.process.start(timeout)
+        return self
 
     def retarget(self, targets: Targets) -> None:
         """Point the running server at other targets (file discovery picks them up within seconds)."""
@@ -184,14 +177,8 @@ class PrometheusServer:
         return targets
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        if self.process is not None:
+            self.process.stop()
 
     def __enter__(self) -> PrometheusServer:
         return self if self.proc is not None else self.start()

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from specwatch.stack.processes import ManagedProcess
+from specwatch.stack.processes import managed
+from specwatch.supervisor import Supervisor
 
 REPO_GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
 
@@ -39,7 +40,7 @@ def local_provisioning(folder: Path, prometheus_url: str, source: Path = REPO_GR
     return out
 
 
-def grafana_process(binary: str, folder: Path, prometheus_url: str, port: int, admin_password: str) -> ManagedProcess:
+def grafana_process(binary: str, folder: Path, prometheus_url: str, port: int, admin_password: str) -> Supervisor:
     provisioning = local_provisioning(folder, prometheus_url)
     env = {**os.environ, "GF_PATHS_PROVISIONING": str(provisioning), "GF_PATHS_DATA": str(folder / "data"),
            "GF_PATHS_LOGS": str(folder / "logs"), "GF_SERVER_HTTP_ADDR": "127.0.0.1",
@@ -49,4 +50,4 @@ def grafana_process(binary: str, folder: Path, prometheus_url: str, port: int, a
                      if Path(p, "public").is_dir()), "/usr/share/grafana")
     argv = [binary, "server", "--homepath", homepath] if Path(binary).name == "grafana" else [binary, "--homepath",
                                                                                             homepath]
-    return ManagedProcess("grafana", argv, folder / "grafana.log", f"http://127.0.0.1:{port}/api/health", env)
+    return managed("grafana", argv, folder / "grafana.log", f"http://127.0.0.1:{port}/api/health", env)

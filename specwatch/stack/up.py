@@ -33,7 +33,8 @@ from specwatch.load.run import run as run_load
 from specwatch.net import free_port
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.stack.grafana import grafana_binary, grafana_process
-from specwatch.stack.processes import ManagedProcess, StackError
+from specwatch.stack.processes import StackError, managed
+from specwatch.supervisor import Supervisor
 from specwatch.vllm_cpu.server import NGRAM_CONFIG, VllmServer, serve_argv
 from specwatch.workloads import write_article_workloads
 
@@ -97,7 +98,7 @@ class Stack:
         self.cfg = cfg
         self.console = console
         self.exits = contextlib.ExitStack()
-        self.processes: list[ManagedProcess] = []
+        self.processes: list[Supervisor] = []
         self.servers: dict[str, str] = {}
         self.exporter_url = f"http://127.0.0.1:{cfg.ports.exporter}"
         self.prometheus: PrometheusServer | None = None
@@ -110,11 +111,11 @@ class Stack:
             self.pids[name] = pid
             (self.cfg.run_dir / "processes.json").write_text(json.dumps(self.pids, indent=2))
 
-    def _start(self, proc: ManagedProcess, timeout: float = 60) -> ManagedProcess:
+    def _start(self, proc: Supervisor, timeout: float = 60) -> Supervisor:
         self.exits.callback(proc.stop)
         proc.start(timeout)
         self.processes.append(proc)
-        self._record(proc.name, proc.proc.pid if proc.proc else None)
+        self._record(proc.name, proc.pid)
         self.console.print(f"[green]up[/] {proc.name:<10} {proc.health_url.rsplit('/', 1)[0]}   log {proc.log}")
         return proc
 
@@ -126,8 +127,8 @@ class Stack:
         ports = {"baseline": cfg.ports.vllm, "candidate": cfg.ports.vllm + 1}
         if cfg.backend == "sim":
             for variant in VARIANTS:
-                proc = ManagedProcess(f"sim {variant}", sim_argv(variant, ports[variant], cfg.sim_time_scale),
-                                      cfg.run_dir / f"{variant}.log", f"http://127.0.0.1:{ports[variant]}/health")
+                proc = managed(f"sim {variant}", sim_argv(variant, ports[variant], cfg.sim_time_scale),
+                               cfg.run_dir / f"{variant}.log", f"http://127.0.0.1:{ports[variant]}/health")
                 self._start(proc)
                 self.servers[variant] = f"http://127.0.0.1:{ports[variant]}"
             return
@@ -167,7 +168,7 @@ class Stack:
                 "--split", f"candidate={self.cfg.split}", "--event-log", str(self.cfg.run_dir / "events.jsonl"),
                 "--web.listen-address", f"127.0.0.1:{self.cfg.ports.exporter}",
                 *(["--admin-token-env", self.cfg.admin_token_env] if self.cfg.admin_token_env else [])]
-        self._start(ManagedProcess("exporter", argv, self.cfg.run_dir / "exporter.log", self.exporter_url + "/healthz"))
+        self._start(managed("exporter", argv, self.cfg.run_dir / "exporter.log", self.exporter_url + "/healthz"))
 
     def start_prometheus(self) -> None:
         prom = PrometheusServer(self.cfg.run_dir / "prometheus", Targets(self.servers, (self.exporter_url,)),
@@ -185,7 +186,7 @@ class Stack:
                 "--web-host", "127.0.0.1", "--web-port", str(port), "--workloads", workloads,
                 "--max-tokens", str(self.cfg.max_tokens), "-u", str(self.cfg.concurrency),
                 "-r", str(self.cfg.concurrency)]
-        self._start(ManagedProcess("locust", argv, self.cfg.run_dir / "locust.log", f"http://127.0.0.1:{port}/"))
+        self._start(managed("locust", argv, self.cfg.run_dir / "locust.log", f"http://127.0.0.1:{port}/"))
 
     def start_grafana(self) -> None:
         binary = grafana_binary()

@@ -2,7 +2,7 @@
 
 `serve_argv` is the one place the article's common flags live, so the argv printed here
 runs unchanged with `vllm serve` on a GPU host (minus `--enforce-eager`, a CPU start-up
-shortcut). `VllmServer` owns one server process group: start, health wait, log file, stop.
+shortcut). `VllmServer` runs one server through `specwatch.supervisor`: start, health wait, log file, stop.
 """
 
 from __future__ import annotations
@@ -11,16 +11,14 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import requests
-
 from specwatch.config import Home
+from specwatch.supervisor import Supervisor, log_tail
 
 ENTRY = Path(__file__).with_name("vllm_entry.py")
 SERVED_MODEL_NAME = "spec-demo"
@@ -114,7 +112,7 @@ class VllmServer:
     host: str = "127.0.0.1"
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     startup_seconds: float | None = None
-    _proc: subprocess.Popen[bytes] | None = None
+    _proc: Supervisor | None = None
 
     @property
     def url(self) -> str:
@@ -132,64 +130,23 @@ class VllmServer:
         if not self.home.vllm_python.exists():
             raise ServerError(
                 f"no vLLM CPU environment at {self.home.vllm_env}: run `specwatch vllm-cpu setup`")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        log.write(("+ " + " ".join(self.command()) + "\n").encode())
-        log.flush()
+        # SIGINT: vLLM's own Ctrl+C path stops its engine processes; the whole group gets SIGKILL after the grace
+        self._proc = Supervisor("vLLM", self.command(), self.log_path, self.url + "/health",
+                                env=server_environment(self.environ), stop_signal=signal.SIGINT, grace=20.0,
+                                error=ServerError)
         started = time.monotonic()
-        self._proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=server_environment(self.environ), start_new_session=True)
-        log.close()
-        try:
-            self._wait_healthy(started + timeout)
-        except BaseException:
-            self.stop()
-            raise
+        self._proc.start(timeout)
         self.startup_seconds = time.monotonic() - started
         return self
 
-    def _wait_healthy(self, deadline: float) -> None:
-        assert self._proc is not None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise ServerError(
-                    f"vLLM exited with code {self._proc.returncode} before it was healthy; "
-                    f"log {self.log_path}:\n{self.log_tail()}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass  # the socket is bound before the engine loads: refusals are expected
-            time.sleep(0.5)
-        raise ServerError(f"vLLM not healthy at {self.url} after the timeout; log {self.log_path}:\n"
-                          + self.log_tail())
-
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def stop(self, grace: float = 20.0) -> None:
         """Stop the whole process group (vLLM spawns engine processes); never leaves one behind."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # stragglers in the group (workers) once the leader is gone
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            proc.stop(grace)
 
     def __enter__(self) -> VllmServer:
         return self.start() if self._proc is None else self
