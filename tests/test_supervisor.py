@@ -78,26 +78,27 @@ def test_a_process_that_never_gets_healthy_times_out_with_a_clear_message_and_is
 
 def test_stop_kills_the_whole_group_including_a_child_that_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:
     child_pid = tmp_path / "child.pid"
-    child = ("import os, signal, time, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-             "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)")
-    leader = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}, {str(child_pid)!r}]); "
-              "time.sleep(600)")
+    ignores_term = ("import os, signal, time, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                    "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)")
+    leader = ("import subprocess, sys, time; "
+              f"subprocess.Popen([sys.executable, '-c', {ignores_term!r}, {str(child_pid)!r}]); time.sleep(600)")
     server = Supervisor("group", [sys.executable, "-c", leader], tmp_path / "group.log", "http://127.0.0.1:9/")
-    server.spawn()
+    pgid = server.spawn().pid
+    assert pgid is not None
     try:
         deadline = time.monotonic() + 30
         while not (child_pid.exists() and child_pid.read_text()):
             assert time.monotonic() < deadline, server.log_tail()
             time.sleep(0.05)
         child = int(child_pid.read_text())
-        assert running(child) and group_alive(server.pid or 0)
+        assert running(child) and group_alive(pgid)
     finally:
         started = time.monotonic()
         code = server.stop(grace=1.0)
     took = time.monotonic() - started
     assert code == -signal.SIGTERM  # the leader went at SIGTERM ...
     assert 1.0 <= took < 8  # ... the child only at SIGKILL, after the grace
-    assert not running(child) and not group_alive(server.pid or 0)
+    assert not running(child) and not group_alive(pgid)
     assert server.stop() == code  # stopping again is harmless
 
 
