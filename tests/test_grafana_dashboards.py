@@ -24,6 +24,7 @@ from specwatch.exporter.metrics import CANARY_VERDICTS, ExporterMetrics
 from specwatch.grafana import canary, dashboards
 from specwatch.grafana.board import DATASOURCE_UID
 from specwatch.grafana.key_queries import substitute
+from specwatch.monitoring import MONITORING
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.vllm_metrics import samples
 from specwatch.workloads import write_article_workloads
@@ -165,11 +166,22 @@ def test_every_raw_metric_name_exists_in_vllm_or_the_exporter():
 def test_the_verdict_uses_the_thresholds_of_the_canary_alerts():
     alerts = yaml.safe_load((REPO / "prometheus" / "rules" / "specwatch-alerts.yml").read_text())
     exprs = {r["alert"]: r["expr"] for g in alerts["groups"] for r in g["rules"]}
-    assert f"candidate_over_baseline_rate5m > {canary.TPOT_P95_MAX_RATIO}\n" in \
-        exprs["SpecDecodeCandidateTPOTRegression"]
-    assert f"candidate_over_baseline_rate5m > {canary.ITL_P99_MAX_RATIO}\n" in exprs["SpecDecodeCandidateITLRegression"]
-    for alert in ("SpecDecodeCandidateTPOTRegression", "SpecDecodeCandidateITLRegression"):
-        assert f"* 60 >= {canary.MIN_CANDIDATE_REQUESTS_PER_MINUTE}" in exprs[alert]
+    settings = MONITORING.alerts
+    verdict = canary.verdict_expr()
+    for setting, metric in ((settings.tpot_regression, "tpot"), (settings.itl_regression, "itl")):
+        ratio = f"task_quantile:specwatch_{metric}_seconds:candidate_over_baseline_rate5m"
+        assert f"{ratio} > {setting.threshold:g}\n" in exprs[setting.name]
+        assert f"{ratio}{{task=~\"$task\"}}) > bool {setting.threshold:g})" in verdict
+        # the same traffic guard, the verdict's filtered by the task variable
+        guard = f"* 60 >= {settings.min_candidate_requests_per_minute:g}"
+        assert exprs[setting.name].endswith('{variant="candidate"}) ' + guard)
+        assert verdict.endswith('{variant="candidate",task=~"$task"}) ' + guard + ")")
+    # the ratio panels draw the same thresholds
+    board = boards()["specwatch-canary.json"]
+    steps = {p["title"]: [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+             for p in panels(board) if p["type"] == "timeseries"}
+    assert steps["TPOT p95 ratio"] == [None, settings.tpot_regression.threshold]
+    assert steps["ITL p99 ratio"] == [None, settings.itl_regression.threshold]
 
 
 def test_provisioning_points_at_the_dashboards_and_the_fixed_datasource():

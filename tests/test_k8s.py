@@ -158,13 +158,14 @@ def test_the_freshness_checks_catch_a_stale_copy(tmp_path: Path) -> None:
     stale.write_text(rules.render().replace("> 0.1", "> 0.2", 1))
     assert rules.main(["--check", "--out", str(stale)]) == rules.EXIT_STALE
     out = tmp_path / "dashboards"
-    out.mkdir()
-    for source in dashboards.SOURCE.glob("*.json"):
-        (out / source.name).write_bytes(source.read_bytes())
-    assert dashboards.stale(out=out) == []
+    assert dashboards.main(["--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(p.name for p in dashboards.OUT.glob("*.json"))
+    assert dashboards.stale(out=out) == [] and dashboards.main(["--check", "--out", str(out)]) == 0
     (out / "specwatch-canary.json").write_text("{}")
     (out / "gone.json").write_text("{}")
     assert dashboards.stale(out=out) == ["gone.json", "specwatch-canary.json"]
+    assert dashboards.main(["--check", "--out", str(out)]) == dashboards.EXIT_STALE
+    assert dashboards.main(["--out", str(out)]) == 0 and dashboards.stale(out=out) == []
 
 
 def test_prometheusrules_carry_the_rule_files_unchanged(everything: list[Doc]) -> None:

@@ -1,17 +1,21 @@
-"""promtool on the repository's Prometheus files: config, rules, unit tests, and that those tests bite."""
+"""promtool on the repository's Prometheus files: config, rules, unit tests, and that those tests bite; the
+rule files carry the monitoring settings."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import yaml
 
-from specwatch.promconfig import rule_tests, rules
-from specwatch.promconfig.server import Targets, write_layout
+from specwatch.generated import EXIT_STALE
+from specwatch.monitoring import MONITORING, AlertSetting
+from specwatch.promconfig import alerts, rule_tests, rules
+from specwatch.promconfig.server import EXPORTER_JOB, VLLM_JOB, Targets, write_layout
 
 REPO = Path(__file__).parents[1]
 PROM = REPO / "prometheus"
@@ -57,9 +61,21 @@ def test_promtool_unit_tests_pass(promtool):
 
 
 def test_generated_files_are_current():
-    assert (PROM / "rules" / rules.RULES_FILE).read_text() == rules.render(rules.recording_groups()), \
-        "run `make generate`"
+    files = rules.rule_files()
+    assert sorted(files) == sorted(p.name for p in (PROM / "rules").glob("*.yml"))
+    for name, text in files.items():
+        assert (PROM / "rules" / name).read_text() == text, "run `make generate`"
     assert (PROM / "tests" / rule_tests.TESTS_FILE).read_text() == rule_tests.render(), "run `make generate`"
+
+
+def test_the_rules_generator_writes_and_checks_both_rule_files(tmp_path, capsys):
+    assert rules.main(["--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alerts.ALERTS_FILE, rules.RULES_FILE]
+    assert rules.main(["--check", "--out", str(tmp_path)]) == 0
+    path = tmp_path / alerts.ALERTS_FILE
+    path.write_text(path.read_text().replace("for: 15m", "for: 5m"))
+    assert rules.main(["--check", "--out", str(tmp_path)]) == EXIT_STALE
+    assert f"{alerts.ALERTS_FILE} is not current" in capsys.readouterr().err
 
 
 def _recording_rules() -> list[dict[str, object]]:
@@ -68,7 +84,7 @@ def _recording_rules() -> list[dict[str, object]]:
 
 
 def _alerts() -> list[dict[str, object]]:
-    doc = yaml.safe_load((PROM / "rules" / "specwatch-alerts.yml").read_text())
+    doc = yaml.safe_load((PROM / "rules" / alerts.ALERTS_FILE).read_text())
     return [r for g in doc["groups"] for r in g["rules"]]
 
 
@@ -93,13 +109,20 @@ def _minutes(text: str) -> int:
     return int(match.group(1))
 
 
-def test_every_alert_has_cases_just_before_and_after_its_for_and_links_the_readme_runbook():
+def _runbook_anchors() -> set[str]:
+    """GitHub's anchors of the runbook's headings (`### AlertName` -> `alertname`)."""
+    path = REPO / MONITORING.alerts.runbook.split("/blob/main/", 1)[1]
+    assert path.is_file(), f"no runbook at {path.relative_to(REPO)}, where the alerts' runbook_url points"
+    return {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in path.read_text().splitlines() if line.startswith("#")}
+
+
+def test_every_alert_has_cases_just_before_and_after_its_for_and_links_the_runbook():
     cases: dict[str, list[tuple[int, bool]]] = {}
     for t in yaml.safe_load((PROM / "tests" / "alerts.test.yml").read_text())["tests"]:
         for case in t.get("alert_rule_test", []):
             cases.setdefault(case["alertname"], []).append((_minutes(case["eval_time"]), bool(case["exp_alerts"])))
-    readme_anchors = {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-                      for line in (REPO / "README.md").read_text().splitlines() if line.startswith("#")}
+    anchors = _runbook_anchors()
     for alert in _alerts():
         name = str(alert["alert"])
         for_minutes = _minutes(str(alert["for"]))
@@ -113,8 +136,39 @@ def test_every_alert_has_cases_just_before_and_after_its_for_and_links_the_readm
         annotations = alert["annotations"]
         assert isinstance(labels, dict) and labels["severity"] in ("warning", "critical"), name
         assert isinstance(annotations, dict) and {"summary", "description", "runbook_url"} <= set(annotations)
-        anchor = str(annotations["runbook_url"]).rsplit("#", 1)[1]
-        assert anchor == name.lower() and anchor in readme_anchors, f"README has no runbook section for {name}"
+        assert annotations["runbook_url"] == \
+            f"https://github.com/specwatch/specwatch/blob/main/docs/runbook.md#{name.lower()}", name
+        assert name.lower() in anchors, f"docs/runbook.md has no section for {name}"
+
+
+def _settings() -> list[AlertSetting]:
+    return [getattr(MONITORING.alerts, f.name) for f in fields(MONITORING.alerts)
+            if isinstance(getattr(MONITORING.alerts, f.name), AlertSetting)]
+
+
+def test_the_alerts_carry_their_settings():
+    """Name, `for:`, severity and threshold of every alert come from specwatch.monitoring, nothing else."""
+    by_name = {str(a["alert"]): a for a in _alerts()}
+    settings = _settings()
+    assert sorted(by_name) == sorted(s.name for s in settings)
+    for setting in settings:
+        alert = by_name[setting.name]
+        assert (alert["for"], alert["labels"]) == (setting.for_, {"severity": setting.severity}), setting.name
+        if setting.threshold is not None:
+            assert re.search(rf"[<>] {re.escape(f'{setting.threshold:g}')}$", str(alert["expr"]), re.M), setting.name
+
+
+def test_the_alerts_read_recorded_series_and_the_shared_job_names():
+    records = {str(r["record"]) for r in _recording_rules()}
+    for alert in _alerts():
+        for name in re.findall(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b", str(alert["expr"])):
+            assert name in records, f"{alert['alert']}: no recording rule {name}"
+    config = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    jobs = MONITORING.jobs
+    assert [job["job_name"] for job in config["scrape_configs"]] == [jobs.vllm, jobs.exporter]
+    assert (VLLM_JOB, EXPORTER_JOB) == (jobs.vllm, jobs.exporter)
+    target_down = next(a for a in _alerts() if a["alert"] == MONITORING.alerts.target_down.name)
+    assert f'job=~"{jobs.vllm}|{jobs.exporter}"' in str(target_down["expr"])
 
 
 def _mutated(tmp_path: Path, file: str, old: str, new: str) -> Path:
@@ -139,9 +193,9 @@ def _mutated(tmp_path: Path, file: str, old: str, new: str) -> Path:
     (rules.RULES_FILE, "sum by (variant) (rate(vllm:spec_decode_num_drafts_total[1m]))",
      "max by (variant) (rate(vllm:spec_decode_num_drafts_total[1m]))"),
     # an alert that fires before its time
-    ("specwatch-alerts.yml", "for: 15m", "for: 5m"),
+    (alerts.ALERTS_FILE, "for: 15m", "for: 5m"),
     # an alert that ignores the reset-proof recorded ratio and reads lifetime totals
-    ("specwatch-alerts.yml", "variant:vllm_spec_decode_acceptance_rate:ratio_rate5m < 0.1",
+    (alerts.ALERTS_FILE, "variant:vllm_spec_decode_acceptance_rate:ratio_rate5m < 0.1",
      "sum by (variant) (vllm:spec_decode_num_accepted_tokens_total) / sum by (variant) "
      "(vllm:spec_decode_num_draft_tokens_total) < 0.1"),
 ])

@@ -29,8 +29,10 @@ from typing import Any, Literal
 
 import requests
 
+from specwatch.monitoring import MONITORING
+
 Scale = Literal["ratio", "difference", "proportion", "share"]
-ERROR_OUTCOMES = frozenset({"upstream_error", "bad_response"})
+ERROR_OUTCOMES = frozenset(MONITORING.error_outcomes)  # as the `specwatch_error` rule
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ def _mean(histogram: str, v: str, w: str) -> str:
 def prom_queries(v: str, w: str) -> dict[str, tuple[str, str]]:
     """metric -> (the figure's PromQL, the PromQL of the requests behind it) for variant `v`, window `w`."""
     requests_ = _rise("specwatch_e2e_seconds_count", v, w)
+    errors = f',outcome=~"{MONITORING.error_outcome_regex()}"'
     return {
         "tpot": (_mean("specwatch_tpot_seconds", v, w), _rise("specwatch_tpot_seconds_count", v, w)),
         "ttft": (_mean("specwatch_ttft_seconds", v, w), _rise("specwatch_ttft_seconds_count", v, w)),
@@ -153,7 +156,7 @@ def prom_queries(v: str, w: str) -> dict[str, tuple[str, str]]:
         "e2e": (_mean("specwatch_e2e_seconds", v, w), requests_),
         "output_tps": (_ratio(_inc("specwatch_completion_tokens_total", v, w), _inc("specwatch_e2e_seconds_sum", v, w)),
                        requests_),
-        "error_ratio": (_ratio(_inc("specwatch_requests_total", v, w, ',outcome=~"upstream_error|bad_response"'),
+        "error_ratio": (_ratio(_inc("specwatch_requests_total", v, w, errors),
                                _inc("specwatch_requests_total", v, w)), _rise("specwatch_requests_total", v, w)),
         "acceptance_rate": (_ratio(_inc("specwatch_accepted_tokens_total", v, w),
                                    _inc("specwatch_draft_tokens_total", v, w)),

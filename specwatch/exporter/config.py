@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class Rule:
+class TaskRule:
     """Classify a request as `task` when every given condition matches."""
 
     task: str
@@ -52,7 +52,7 @@ class ExporterConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 9400
     tasks: tuple[str, ...] = DEFAULT_TASKS
-    rules: tuple[Rule, ...] = ()
+    rules: tuple[TaskRule, ...] = ()
     max_body_bytes: int = 16 * 1024 * 1024
     probe_interval_seconds: float = 5.0
     upstream_timeout_seconds: float = 600.0
@@ -83,7 +83,7 @@ def _pair(value: str, flag: str) -> tuple[str, str]:
     return name, rest
 
 
-def _rule(raw: Mapping[str, Any], where: str) -> Rule:
+def _rule(raw: Mapping[str, Any], where: str) -> TaskRule:
     unknown = set(raw) - {"task", "path", "model", "header", "header_regex", "message_regex"}
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; expected task, path, model, header, "
@@ -97,7 +97,7 @@ def _rule(raw: Mapping[str, Any], where: str) -> Rule:
             "header") else None
     except re.error as exc:
         raise ConfigError(f"{where}: bad regular expression: {exc}") from None
-    return Rule(task, raw.get("path"), raw.get("model"), header, message)
+    return TaskRule(task, raw.get("path"), raw.get("model"), header, message)
 
 
 def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:

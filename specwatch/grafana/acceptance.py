@@ -22,19 +22,25 @@ from specwatch.grafana.panels import (
     thresholds,
     timeseries,
 )
+from specwatch.monitoring import MONITORING, in_words, percent
 
+S, A = MONITORING, MONITORING.alerts
 UID = "specwatch-acceptance"
-LIVE = "rate1m"   # time series: the live window
-STEADY = "rate5m"  # bar charts: a steadier snapshot of the last five minutes
-ACCEPTANCE_STEPS = thresholds(RED, (0.1, ORANGE), (0.3, GREEN))  # below 10 % the collapse alert fires
+LIVE = S.fast.rate   # time series: the live window
+STEADY = S.slow.rate  # bar charts: a steadier snapshot of the last five minutes
+FAST = S.fast.duration
+# red below the collapse alerts' threshold
+ACCEPTANCE_STEPS = thresholds(RED, (A.task_acceptance_collapsed.level, ORANGE), (0.3, GREEN))
 VT_SERIES = ("variant", "task")
 
 
 def _per_task() -> Section:
-    return Section("Per task and variant (exporter, 1m)", [
+    collapsed = A.task_acceptance_collapsed
+    return Section(f"Per task and variant (exporter, {FAST})", [
         timeseries("Acceptance rate", "Accepted draft tokens / draft tokens per variant and task over the last "
-                   "minute, summed over requests before dividing. Higher is better; below 10 % for 10 minutes "
-                   "fires SpecDecodeTaskAcceptanceCollapsed. A variant that does not speculate has no line.",
+                   f"minute, summed over requests before dividing. Higher is better; below {percent(collapsed.level)} "
+                   f"for {in_words(collapsed.for_)} fires {collapsed.name}. A variant that does not speculate has no "
+                   "line.",
                    targets((f"variant_task:specwatch_acceptance_rate:ratio_{LIVE}{{{VT}}}", BY_VT)),
                    RATIO, min_=0, max_=1, steps=ACCEPTANCE_STEPS),
         timeseries("Mean acceptance length", "Tokens each verify step emits, the bonus token included: 1 + accepted "
@@ -56,7 +62,10 @@ def _per_task() -> Section:
 
 
 def _server() -> Section:
-    return Section("Server side (vLLM, per variant, 1m)", [
+    accepted, drafted = f"{S.vllm.accepted}{{{V}}}[{FAST}]", f"{S.vllm.draft_tokens}{{{V}}}[{FAST}]"
+    per_replica = (f"sum by (variant, instance) (rate({accepted}))"
+                   f" / (sum by (variant, instance) (rate({drafted})) > 0)")
+    return Section(f"Server side (vLLM, per variant, {FAST})", [
         timeseries("Server acceptance rate", "vLLM's own counters: accepted / draft tokens per variant, summed "
                    "over engines and replicas. Covers all traffic of the server, including requests that bypass "
                    "the exporter.",
@@ -76,16 +85,12 @@ def _server() -> Section:
                    "accepted / draft tokens of each replica over the last minute. Replicas of one variant serve "
                    "the same config, so their lines should overlap; one that stays apart has a different draft, "
                    "model revision or traffic.",
-                   targets((f"sum by (variant, instance) (rate(vllm:spec_decode_num_accepted_tokens_total{{{V}}}[1m]))"
-                            f" / (sum by (variant, instance) (rate(vllm:spec_decode_num_draft_tokens_total{{{V}}}[1m]))"
-                            " > 0)", "{{variant}} · {{instance}}")),
+                   targets((per_replica, "{{variant}} · {{instance}}")),
                    RATIO, min_=0, max_=1, steps=ACCEPTANCE_STEPS),
         timeseries("Replica / its variant", "Each replica's acceptance rate divided by its variant's (all replicas "
                    "summed), over the last minute. 1.0 is the peer average; a replica far from 1 for long is the one "
                    "to inspect.",
-                   targets((f"(sum by (variant, instance) (rate(vllm:spec_decode_num_accepted_tokens_total{{{V}}}[1m]))"
-                            f" / (sum by (variant, instance) (rate(vllm:spec_decode_num_draft_tokens_total{{{V}}}[1m]))"
-                            f" > 0)) / ignoring (instance) group_left () "
+                   targets((f"({per_replica}) / ignoring (instance) group_left () "
                             f"variant:vllm_spec_decode_acceptance_rate:ratio_{LIVE}{{{V}}}",
                             "{{variant}} · {{instance}}")),
                    RATIO, min_=0, decimals=2),
@@ -94,7 +99,7 @@ def _server() -> Section:
 
 def _decay() -> Section:
     how = ("Bars by draft position (0 = the first drafted token), over the last 5 minutes. ")
-    return Section("Position-wise decay (5m)", [
+    return Section(f"Position-wise decay ({S.slow.duration})", [
         barchart("Unconditional acceptance by position, per task", how + "Height: share of verify steps that "
                  "accepted at least position + 1 drafts (exporter, per variant and task). It falls with the "
                  "position; the sum over positions is the mean acceptance length minus 1.",
@@ -132,12 +137,13 @@ def _distributions() -> Section:
 
 
 def _quality() -> Section:
-    reconciled = thresholds(RED, (0.95, GREEN), (1.05, RED))
+    drift = A.reconciliation_drift
+    reconciled = thresholds(RED, (round(1 - drift.level, 9), GREEN), (round(1 + drift.level, 9), RED))
     return Section("Data quality", [
         timeseries("Reconciliation: exporter / vLLM", "Verify steps the exporter summed from per-request fields / "
-                   "drafts vLLM counted, per variant (1m). 100 % when all the server's traffic passes the exporter "
-                   "with n = 1; below when clients bypass it; a lasting gap beyond 5 % fires "
-                   "SpecwatchReconciliationDrift. Ignores the task filter.",
+                   f"drafts vLLM counted, per variant ({FAST}). 100 % when all the server's traffic passes the "
+                   f"exporter with n = 1; below when clients bypass it; a lasting gap beyond {percent(drift.level)} "
+                   f"fires {drift.name}. Ignores the task filter.",
                    targets((f"variant:specwatch_reconciliation:ratio_{LIVE}{{{V}}}", "{{variant}}")),
                    RATIO, w=8, steps=reconciled),
         timeseries("Verify steps: exporter vs vLLM", "The two sides of the reconciliation as rates: the exporter's "
@@ -148,14 +154,14 @@ def _quality() -> Section:
                            (f"variant:vllm_spec_decode_num_drafts:{LIVE}{{{V}}}", "vLLM {{variant}}")),
                    STEPS_PER_S, w=8, min_=0),
         timeseries("Responses without spec-decode metrics", "Share of ok responses that came without "
-                   "metrics.speculative_decoding (1m). Expected on a variant that does not speculate; on a "
+                   f"metrics.speculative_decoding ({FAST}). Expected on a variant that does not speculate; on a "
                    "speculative one it means the per-request flag is off, a stop string cut the stream, or a gateway "
                    "dropped the field, and per-task acceptance is blind.",
                    targets((f"variant_task:specwatch_spec_metrics_missing:ratio_{LIVE}{{{VT}}}",
                             BY_VT)), RATIO, w=8, min_=0, max_=1),
         stat("Missing spec-decode metrics (count)", "How many ok responses in the dashboard's time range had no "
              "metrics.speculative_decoding, per variant and task. 0 on speculative variants is the healthy state.",
-             targets((f"sum by (variant, task) (increase(specwatch_spec_metrics_missing_total{{{VT}}}[$__range]))",
+             targets((f"sum by (variant, task) (increase({S.exporter.spec_metrics_missing}{{{VT}}}[$__range]))",
                       BY_VT)), COUNT, w=24, h=5, decimals=0),
     ])
 

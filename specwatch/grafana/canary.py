@@ -1,8 +1,8 @@
 """The canary dashboard: candidate against baseline per task, the ratio rules, the verdict and the alerts.
 
-The verdict uses the thresholds of the canary alerts in prometheus/rules/specwatch-alerts.yml
-(a test keeps them equal) on the same 5m ratio rules, without the alerts' `for:`: it is the state
-now, the alerts say whether it lasted.
+The verdict uses the thresholds and traffic guard of the canary alerts (`specwatch.monitoring`, the
+settings both are generated from) on the same slow-window ratio rules, without the alerts' `for:`:
+it is the state now, the alerts say whether it lasted.
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from specwatch.grafana.panels import (
     thresholds,
     timeseries,
 )
-from specwatch.promconfig.rules import BASELINE, CANDIDATE
+from specwatch.monitoring import MONITORING, in_words
+from specwatch.promconfig.alerts import candidate_traffic
 
+S, A = MONITORING, MONITORING.alerts
 UID = "specwatch-canary"
-WINDOW = "rate5m"  # the window of the canary alerts
-TPOT_P95_MAX_RATIO = 1.1  # SpecDecodeCandidateTPOTRegression
-ITL_P99_MAX_RATIO = 1.2  # SpecDecodeCandidateITLRegression
-MIN_CANDIDATE_REQUESTS_PER_MINUTE = 1  # both canary alerts need this much candidate traffic
-PAIR = f'variant=~"{BASELINE}|{CANDIDATE}",{T}'
+WINDOW = S.slow.rate  # the window of the canary alerts
+TPOT, ITL = A.tpot_regression, A.itl_regression
+MIN_TRAFFIC = f"{A.min_candidate_requests_per_minute:g}"
+PAIR = f'variant=~"{S.baseline}|{S.candidate}",{T}'
 
 
 def verdict_expr() -> str:
@@ -44,11 +45,10 @@ def verdict_expr() -> str:
     """
     tpot = f"task_quantile:specwatch_tpot_seconds:candidate_over_baseline_{WINDOW}{{{T}}}"
     itl = f"task_quantile:specwatch_itl_seconds:candidate_over_baseline_{WINDOW}{{{T}}}"
-    traffic = f'sum by (task) (variant_task:specwatch_requests:{WINDOW}{{variant="{CANDIDATE}",{T}}}) * 60'
     # `x == x` drops NaN ratios (a side without requests in the window): no verdict from them, rather than GO
-    return (f"max by (task) (\n  (({tpot} == {tpot}) > bool {TPOT_P95_MAX_RATIO})\n  or\n"
-            f"  (({itl} == {itl}) > bool {ITL_P99_MAX_RATIO})\n)\n"
-            f"and on (task)\n({traffic} >= {MIN_CANDIDATE_REQUESTS_PER_MINUTE})")
+    return (f"max by (task) (\n  (({tpot} == {tpot}) > bool {TPOT.level:g})\n  or\n"
+            f"  (({itl} == {itl}) > bool {ITL.level:g})\n)\n"
+            f"and on (task)\n({candidate_traffic(T)} >= {MIN_TRAFFIC})")
 
 
 def _ratio(series: str) -> list[Json]:
@@ -56,8 +56,8 @@ def _ratio(series: str) -> list[Json]:
 
 
 def _side_by_side(metric: str, quantile: str, title: str, what: str) -> Json:
-    return timeseries(f"{title}: baseline vs candidate", what + " Client side (exporter), 5m window, one line per "
-                      "variant for the task of this row.",
+    return timeseries(f"{title}: baseline vs candidate", what + f" Client side (exporter), {S.slow.duration} "
+                      "window, one line per variant for the task of this row.",
                       targets((f'variant_task_quantile:{metric}:histogram_quantile_{WINDOW}{{{PAIR},quantile="{quantile}"}}',
                                "{{variant}}")), SECONDS, w=6, min_=0)
 
@@ -69,25 +69,24 @@ def _per_task() -> Section:
                       "stalls a streaming reader notices."),
         _side_by_side("specwatch_ttft_seconds", "0.95", "TTFT p95", "Time to first token, 95th percentile."),
         timeseries("Acceptance rate: baseline vs candidate", "Accepted / draft tokens per variant for the task of "
-                   "this row (5m). A baseline without speculation has no line.",
+                   f"this row ({S.slow.duration}). A baseline without speculation has no line.",
                    targets((f"variant_task:specwatch_acceptance_rate:ratio_{WINDOW}{{{PAIR}}}", "{{variant}}")),
                    RATIO, w=6, min_=0, max_=1),
     ], repeat="task")
 
 
 def _ratios() -> Section:
-    limits = thresholds(GREEN, (TPOT_P95_MAX_RATIO, RED))
-    return Section("Candidate / baseline (5m)", [
+    limits = thresholds(GREEN, (TPOT.level, RED))
+    return Section(f"Candidate / baseline ({S.slow.duration})", [
         timeseries("TPOT p95 ratio", f"Candidate / baseline client-side TPOT p95 per task. Below 1 the candidate "
-                   f"is faster; above {TPOT_P95_MAX_RATIO} (dashed) for 10 minutes fires "
-                   "SpecDecodeCandidateTPOTRegression.",
+                   f"is faster; above {TPOT.level:g} (dashed) for {in_words(TPOT.for_)} fires {TPOT.name}.",
                    _ratio("task_quantile:specwatch_tpot_seconds"),
                    TIMES, w=6, steps=limits, decimals=2),
         timeseries("ITL p99 ratio", f"Candidate / baseline client-side ITL p99 per task. Speculation raises ITL "
-                   f"(several tokens per chunk); above {ITL_P99_MAX_RATIO} (dashed) for 10 minutes fires "
-                   "SpecDecodeCandidateITLRegression.",
+                   f"(several tokens per chunk); above {ITL.level:g} (dashed) for {in_words(ITL.for_)} fires "
+                   f"{ITL.name}.",
                    _ratio("task_quantile:specwatch_itl_seconds"),
-                   TIMES, w=6, steps=thresholds(GREEN, (ITL_P99_MAX_RATIO, RED)), decimals=2),
+                   TIMES, w=6, steps=thresholds(GREEN, (ITL.level, RED)), decimals=2),
         timeseries("TTFT p95 ratio", "Candidate / baseline client-side TTFT p95 per task. Speculation should "
                    "leave TTFT about equal; well above 1 points at the draft model's prefill or a smaller KV cache.",
                    _ratio("task_quantile:specwatch_ttft_seconds"),
@@ -100,21 +99,21 @@ def _ratios() -> Section:
 
 def _verdict() -> Section:
     return Section("Verdict", [
-        stat("Current verdict", f"Per task, now: GO when the candidate's TPOT p95 is at most {TPOT_P95_MAX_RATIO}x "
-             f"and its ITL p99 at most {ITL_P99_MAX_RATIO}x the baseline's (5m, client side), NO-GO when either is "
-             "above. The alerts fire only when a NO-GO lasts 10 minutes. No value: the candidate has less than "
-             f"{MIN_CANDIDATE_REQUESTS_PER_MINUTE} request per minute, or a side has no latency data.",
+        stat("Current verdict", f"Per task, now: GO when the candidate's TPOT p95 is at most {TPOT.level:g}x "
+             f"and its ITL p99 at most {ITL.level:g}x the baseline's ({S.slow.duration}, client side), NO-GO when "
+             f"either is above. The alerts fire only when a NO-GO lasts {in_words(TPOT.for_)}. No value: the "
+             f"candidate has less than {MIN_TRAFFIC} request per minute, or a side has no latency data.",
              targets((verdict_expr(), "{{task}}")), "none", w=8, h=8, steps=thresholds(GREEN, (1, RED)),
              no_value="not enough traffic",
              mappings=[{"type": "value", "options": {"0": {"text": "GO", "color": GREEN, "index": 0},
                                                       "1": {"text": "NO-GO", "color": RED, "index": 1}}}]),
         alertlist("Firing and pending alerts", "The Prometheus alerts of specwatch-alerts.yml (and any other rule "
                   "Grafana sees) that are pending or firing, with their instances. Empty is the healthy state; "
-                  "each alert's runbook_url leads to its README section.", w=10),
+                  "each alert's runbook_url leads to its section of the runbook.", w=10),
         timeseries("Mirror: identical outputs", "Mirror mode with greedy requests (temperature 0): share of "
-                   "requests whose candidate output equalled the baseline's, per task (5m). Speculative decoding "
-                   "is lossless, so anything well below 100 % points at a different model, tokenizer or sampling "
-                   "setup on the candidate. No line outside mirror mode.",
+                   f"requests whose candidate output equalled the baseline's, per task ({S.slow.duration}). "
+                   "Speculative decoding is lossless, so anything well below 100 % points at a different model, "
+                   "tokenizer or sampling setup on the candidate. No line outside mirror mode.",
                    targets((f'variant_task:specwatch_mirror_identical:ratio_{WINDOW}{{{T}}}', BY_VT)),
                    RATIO, w=6, h=8, min_=0, max_=1, steps=thresholds(RED, (0.9, ORANGE), (0.99, GREEN))),
     ])

@@ -23,9 +23,12 @@ from specwatch.grafana.panels import (
     thresholds,
     timeseries,
 )
+from specwatch.monitoring import MONITORING, in_words, percent
+from specwatch.promconfig.rules import record_metric
 
+S, A = MONITORING, MONITORING.alerts
 UID = "specwatch-latency"
-LIVE = "rate1m"
+LIVE = S.fast.rate
 QUANTILE_LEGEND = "p{{quantile}} {{variant}}"
 
 
@@ -52,12 +55,12 @@ def _latency() -> list[Section]:
            "tokens, so ITL grows while TPOT falls.")
     return [
         Section("Client side (exporter, per task and variant)", [
-            _client("specwatch_ttft_seconds", "TTFT", ttft), _client("specwatch_tpot_seconds", "TPOT", tpot),
-            _client("specwatch_itl_seconds", "ITL", itl)]),
+            _client(S.exporter.ttft, "TTFT", ttft), _client(S.exporter.tpot, "TPOT", tpot),
+            _client(S.exporter.itl, "ITL", itl)]),
         Section("Server side (vLLM, per variant)", [
-            _server("vllm_time_to_first_token_seconds", "TTFT", ttft),
-            _server("vllm_request_time_per_output_token_seconds", "TPOT", tpot),
-            _server("vllm_inter_token_latency_seconds", "ITL", itl)]),
+            _server(record_metric(S.vllm.ttft), "TTFT", ttft),
+            _server(record_metric(S.vllm.tpot), "TPOT", tpot),
+            _server(record_metric(S.vllm.itl), "ITL", itl)]),
     ]
 
 
@@ -77,13 +80,14 @@ def _throughput() -> Section:
         timeseries("Requests per second", "Requests through the exporter per variant and task (every outcome), and "
                    "requests vLLM finished per variant and finish reason (filtered by model).",
                    targets((f"variant_task:specwatch_requests:{LIVE}{{{VT}}}", "exporter " + BY_VT),
-                           (f"sum by (variant, finished_reason) (rate(vllm:request_success_total{{{VM}}}"
+                           (f"sum by (variant, finished_reason) (rate({S.vllm.request_success}{{{VM}}}"
                             "[$__rate_interval]))", "vLLM {{variant}} {{finished_reason}}")),
                    REQ_PER_S, w=8, min_=0),
     ])
 
 
 def _capacity() -> Section:
+    kv_full = A.kv_cache_full.level
     return Section("Capacity (vLLM, per variant)", [
         timeseries("Running and waiting requests", "Requests in the running batch and waiting to be scheduled, "
                    "summed over engines. Waiting above 0 for long means the server is saturated at this "
@@ -93,13 +97,13 @@ def _capacity() -> Section:
                            (f"sum by (variant, reason) (vllm:num_requests_waiting_by_reason{{{VM}}})",
                             "waiting {{variant}} ({{reason}})")), COUNT, w=8, min_=0, decimals=0),
         timeseries("KV cache usage", "KV cache usage of the fullest engine per variant (0..100 %). A draft model "
-                   "shares the memory, so a speculative variant has fewer blocks and fills sooner; above 90 % for "
-                   "5 minutes fires VLLMKVCacheNearFull.",
+                   f"shares the memory, so a speculative variant has fewer blocks and fills sooner; above "
+                   f"{percent(kv_full)} for {in_words(A.kv_cache_full.for_)} fires {A.kv_cache_full.name}.",
                    targets(("variant:vllm_kv_cache_usage_perc:max{" + V + "}", "{{variant}}")), RATIO, w=8,
-                   min_=0, max_=1, steps=thresholds(GREEN, (0.75, ORANGE), (0.9, RED))),
+                   min_=0, max_=1, steps=thresholds(GREEN, (0.75, ORANGE), (kv_full, RED))),
         timeseries("Preemptions per second", "Requests the scheduler preempted (evicted from the KV cache and "
-                   "recomputed later) per second, per variant. Anything above 0 for 10 minutes fires "
-                   "VLLMPreemptionsRising: the cache is too small for the load.",
+                   f"recomputed later) per second, per variant. Anything above {A.preemptions.level:g} for "
+                   f"{in_words(A.preemptions.for_)} fires {A.preemptions.name}: the cache is too small for the load.",
                    targets((f"variant:vllm_num_preemptions:{LIVE}{{{V}}}", "{{variant}}")), REQ_PER_S, w=8, min_=0),
         table("KV cache blocks per variant", "vLLM's cache_config_info labels per variant and engine: num_gpu_blocks "
               "is the KV capacity left after weights (and a draft model) are loaded; compare a speculative "
@@ -121,12 +125,13 @@ def _capacity() -> Section:
 def _errors() -> Section:
     return Section("Errors", [
         timeseries("Error ratio", "Upstream errors and malformed responses / all requests through the exporter, "
-                   "per variant and task (1m). Client aborts and rejected requests are not errors of the server.",
+                   f"per variant and task ({S.fast.duration}). Client aborts and rejected requests are not errors of "
+                   "the server.",
                    targets((f"variant_task:specwatch_error:ratio_{LIVE}{{{VT}}}", BY_VT)),
                    RATIO, w=16, min_=0, steps=thresholds(GREEN, (0.01, ORANGE), (0.05, RED))),
-        stat("Upstream health", "The exporter's periodic /health probe of each variant: UP or DOWN (DOWN for a "
-             "minute fires SpecwatchUpstreamDown and requests to it fail with 502).",
-             targets((f"specwatch_upstream_up{{{V}}}", "{{variant}}")), COUNT, w=8, h=8,
+        stat("Upstream health", "The exporter's periodic /health probe of each variant: UP or DOWN (DOWN for "
+             f"{in_words(A.upstream_down.for_)} fires {A.upstream_down.name} and requests to it fail with 502).",
+             targets((f"{S.exporter.upstream_up}{{{V}}}", "{{variant}}")), COUNT, w=8, h=8,
              steps=thresholds(RED, (1, GREEN)),
              mappings=[{"type": "value", "options": {"0": {"text": "DOWN", "color": RED, "index": 0},
                                                       "1": {"text": "UP", "color": GREEN, "index": 1}}}]),

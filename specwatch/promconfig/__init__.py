@@ -1,1 +1,1 @@
-"""Prometheus for specwatch: recording rules as data, their promtool tests, targets, the local server."""
+"""Prometheus for specwatch: recording rules and alerts as data, their promtool tests, targets, the local server."""

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from specwatch.exporter.metrics import OUTCOMES
 from specwatch.generated import write_or_check
+from specwatch.monitoring import MONITORING as S
 from specwatch.promconfig import rules as R
 
 INTERVAL_S = 15
@@ -29,8 +31,9 @@ STEPS = 40                 # samples 0..40: ten minutes
 RESET_STEP = 29            # the candidate's counters start again from 0 at this sample (7m15s)
 ROUND_TO = 2.0 ** -20      # written as the exact decimal below; a power of two keeps round() exact
 ROUND_TO_TEXT = "0.00000095367431640625"
-EVALS = ((300, R.FAST), (300, R.SLOW), (600, R.FAST), (600, R.SLOW))  # (seconds, window)
-RESET_SPANNED = {(600, R.SLOW)}
+FAST, SLOW = S.fast.duration, S.slow.duration
+EVALS = ((300, FAST), (300, SLOW), (600, FAST), (600, SLOW))  # (seconds, window)
+RESET_SPANNED = {(600, SLOW)}
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -78,10 +81,8 @@ VLLM_ENGINES = {  # (variant, engine)
     ("candidate", "0"): Engine(30, 90, 50, (22, 16, 12), 200, {"length": 1, "stop": 1}, 3, 0.25, 2, 1),
     ("candidate", "1"): Engine(15, 45, 25, (11, 8, 6), 100, {"length": 1}, 0, 0.75, 1, 0),
 }
-VLLM_HIST_BOUNDS = {"vllm:time_to_first_token_seconds": (0.05, 0.1, 0.2, 0.5),
-                    "vllm:request_time_per_output_token_seconds": (0.01, 0.02, 0.05, 0.1),
-                    "vllm:inter_token_latency_seconds": (0.005, 0.01, 0.02, 0.05),
-                    "vllm:e2e_request_latency_seconds": (1.0, 2.0, 5.0, 10.0)}
+VLLM_HIST_BOUNDS = {S.vllm.ttft: (0.05, 0.1, 0.2, 0.5), S.vllm.tpot: (0.01, 0.02, 0.05, 0.1),
+                    S.vllm.itl: (0.005, 0.01, 0.02, 0.05), S.vllm.e2e: (1.0, 2.0, 5.0, 10.0)}
 VLLM_HIST_COUNTS = {("baseline", "0"): ((20, 50, 90, 99, 100), 30),
                     ("candidate", "0"): ((10, 20, 40, 50, 50), 12),
                     ("candidate", "1"): ((0, 10, 30, 48, 50), 20)}
@@ -94,19 +95,16 @@ EXPORTER = {  # (variant, task); per_pos and by_accepted agree with each other a
                                         {"ok": 4, "upstream_error": 1, "client_abort": 1}, 0, (3, 1)),
     ("candidate", "chat"): TaskCounters(15, 45, 15, (9, 4, 2), (6, 5, 2, 2), 60, 79, {"ok": 4}, 1, (2, 2)),
 }
-EXPORTER_HIST_BOUNDS = {"specwatch_ttft_seconds": (0.05, 0.1, 0.2, 0.5),
-                        "specwatch_tpot_seconds": (0.01, 0.02, 0.05, 0.1),
-                        "specwatch_itl_seconds": (0.005, 0.01, 0.02, 0.05),
-                        "specwatch_e2e_seconds": (1.0, 2.0, 5.0, 10.0)}
+EXPORTER_HIST_BOUNDS = {S.exporter.ttft: (0.05, 0.1, 0.2, 0.5), S.exporter.tpot: (0.01, 0.02, 0.05, 0.1),
+                        S.exporter.itl: (0.005, 0.01, 0.02, 0.05), S.exporter.e2e: (1.0, 2.0, 5.0, 10.0)}
 EXPORTER_HIST_COUNTS = {("baseline", "code"): ((10, 30, 36, 40, 40), 16),
                         ("baseline", "chat"): ((0, 8, 30, 39, 40), 24),
                         ("candidate", "code"): ((20, 30, 35, 38, 40), 10),
                         ("candidate", "chat"): ((2, 4, 20, 30, 40), 40)}
-OUTCOMES = ("ok", "upstream_error", "bad_response", "client_abort", "rejected")
 
 
 def _resets(variant: str) -> bool:
-    return variant == R.CANDIDATE
+    return variant == S.candidate
 
 
 def _le(bound: float) -> str:
@@ -133,7 +131,7 @@ def input_series() -> list[tuple[str, str]]:
         out.append((_series(name, labels), _counter_values(slope, resets)))
 
     for (variant, engine), c in VLLM_ENGINES.items():
-        base = {"job": "vllm", "variant": variant, "model_name": "spec-demo", "engine": engine}
+        base = {"job": S.jobs.vllm, "variant": variant, "model_name": "spec-demo", "engine": engine}
         rs = _resets(variant)
         counter("vllm:spec_decode_num_drafts_total", base, c.drafts, rs)
         counter("vllm:spec_decode_num_draft_tokens_total", base, c.draft_tokens, rs)
@@ -155,7 +153,7 @@ def input_series() -> list[tuple[str, str]]:
             out.append((_series(name, base), f"{value}+0x{STEPS}"))
 
     for (variant, task), e in EXPORTER.items():
-        base = {"job": "specwatch-exporter", "variant": variant, "task": task}
+        base = {"job": S.jobs.exporter, "variant": variant, "task": task}
         rs = _resets(variant)
         counter("specwatch_spec_steps_total", base, e.steps, rs)
         counter("specwatch_draft_tokens_total", base, e.draft_tokens, rs)
@@ -220,7 +218,7 @@ def _conditional(per_pos: Expected, steps: Expected) -> Expected:
                 out[k] = v / steps[_drop("position")(k)]
             continue
         prev = per_pos.get(tuple(sorted({**d, "position": str(p - 1)}.items())), Fraction(0))
-        if prev > 0 and p <= R.MAX_CONDITIONAL_POSITION:
+        if prev > 0 and p <= S.max_conditional_position:
             out[k] = v / prev
     return out
 
@@ -244,8 +242,7 @@ class Oracle:
                 self._add(self.vt, key, k, getattr(e, key))
             self._add(self.vt, "requests", k, sum(e.requests.values()))
             self._add(self.vt, "ok", k, e.requests.get("ok", 0))
-            outcomes = e.requests
-            self._add(self.vt, "errors", k, outcomes.get("upstream_error", 0) + outcomes.get("bad_response", 0))
+            self._add(self.vt, "errors", k, sum(e.requests.get(o, 0) for o in S.error_outcomes))
             self._add(self.vt, "e2e_sum", k, EXPORTER_HIST_COUNTS[(variant, task)][1])
             for p, s in enumerate(e.per_pos):
                 self._add(self.vt, "per_pos", _labels(variant=variant, task=task, position=str(p)), s)
@@ -277,7 +274,7 @@ class Oracle:
             acc, total = summed.get(k, ([0] * len(cumulative), 0))
             summed[k] = ([a + b for a, b in zip(acc, cumulative, strict=True)], total + sum_slope)
         out: dict[str, Expected] = {}
-        for q in R.QUANTILES:
+        for q in S.quantiles:
             out[q] = {tuple(sorted(k + (("quantile", q),))): _quantile(Fraction(q), bounds, tuple(c))
                       for k, (c, _) in summed.items()}
         out["mean"] = {k: Fraction(s, c[-1]) for k, (c, s) in summed.items()}
@@ -302,7 +299,7 @@ def expected_by_record(window: str) -> dict[str, Expected]:
         lat = o.latency({k: v for k, v in VLLM_HIST_COUNTS.items()}, bounds, lambda s: _labels(variant=s[0]))
         record_metric = metric.replace("vllm:", "vllm_")
         x[f"variant_quantile:{record_metric}:histogram_quantile_{r}"] = {
-            k: v for q in R.QUANTILES for k, v in lat[q].items()}
+            k: v for q in S.quantiles for k, v in lat[q].items()}
         x[f"variant:{record_metric}:mean_{r}"] = lat["mean"]
     # exporter, per variant and task
     for key, name in (("steps", "specwatch_spec_steps"), ("draft_tokens", "specwatch_draft_tokens"),
@@ -328,7 +325,7 @@ def expected_by_record(window: str) -> dict[str, Expected]:
         lat = o.latency({k: v for k, v in EXPORTER_HIST_COUNTS.items()}, bounds,
                         lambda s: _labels(variant=s[0], task=s[1]))
         x[f"variant_task_quantile:{metric}:histogram_quantile_{r}"] = {
-            k: v for q in R.QUANTILES for k, v in lat[q].items()}
+            k: v for q in S.quantiles for k, v in lat[q].items()}
         x[f"variant_task:{metric}:mean_{r}"] = lat["mean"]
     # cross-checks
     exporter_steps: Expected = {}
@@ -352,10 +349,10 @@ def _canary(per_variant: Expected, op: Callable[[Fraction, Fraction], Fraction],
     out: Expected = {}
     for k, v in per_variant.items():
         d = dict(k)
-        if d["variant"] != R.CANDIDATE or (quantile is not None and d.get("quantile") != quantile):
+        if d["variant"] != S.candidate or (quantile is not None and d.get("quantile") != quantile):
             continue
         rest = {a: b for a, b in d.items() if a != "variant"}
-        base = per_variant.get(tuple(sorted({**rest, "variant": R.BASELINE}.items())))
+        base = per_variant.get(tuple(sorted({**rest, "variant": S.baseline}.items())))
         if base is not None:
             out[tuple(sorted(rest.items()))] = op(v, base)
     return out

@@ -30,6 +30,7 @@ from specwatch import snapshot
 from specwatch.config import Home
 from specwatch.load.run import LoadConfig
 from specwatch.load.run import run as run_load
+from specwatch.monitoring import MONITORING
 from specwatch.net import free_port
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.stack.grafana import grafana_binary, grafana_process
@@ -210,7 +211,7 @@ def _summary(cfg: StackConfig, stack: Stack, before: snapshot.Snapshot, after: s
     prom = stack.prometheus
     assert prom is not None
     last = prom.wait_for_sum("specwatch_accepted_tokens_total", _total(after, "specwatch_accepted_tokens_total"))
-    record = "variant_task:specwatch_acceptance_rate:ratio_rate5m"
+    record = f"variant_task:specwatch_acceptance_rate:ratio_{MONITORING.slow.rate}"
     prom.wait_evaluated(last, record)
     recorded = prom.values(record)
     table = Table(title="per variant and task: exact snapshot difference at the exporter, and Prometheus (5m)")

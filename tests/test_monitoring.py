@@ -1,0 +1,51 @@
+"""The monitoring settings: the helpers that turn them into PromQL and prose, and that they reach the outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from specwatch.monitoring import MONITORING, AlertSetting, Window, in_words, percent
+from specwatch.promconfig import alerts, rules
+
+
+def test_windows_name_the_recording_rules():
+    assert [w.rate for w in MONITORING.windows] == ["rate1m", "rate5m"]
+    assert Window("30m").rate == "rate30m"
+    groups = [g.name for g in rules.recording_groups()]
+    assert groups == ["specwatch.gauges", "specwatch.rate1m", "specwatch.rate5m"]
+
+
+def test_durations_and_fractions_in_words():
+    assert (in_words("1m"), in_words("10m")) == ("a minute", "10 minutes")
+    assert (percent(0.1), percent(0.9), percent(0.05)) == ("10 %", "90 %", "5 %")
+    with pytest.raises(ValueError, match="duration '90s': expected whole minutes"):
+        in_words("90s")
+
+
+def test_alert_settings():
+    collapsed = MONITORING.alerts.acceptance_collapsed
+    assert collapsed.level == 0.1
+    assert MONITORING.alerts.runbook_url(collapsed) == \
+        "https://github.com/specwatch/specwatch/blob/main/docs/runbook.md#specdecodeacceptancecollapsed"
+    with pytest.raises(ValueError, match="SpecwatchTargetDown has no threshold"):
+        _ = MONITORING.alerts.target_down.level
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MONITORING.alerts.kv_cache_full.for_ = "1m"  # type: ignore[misc]
+
+
+def test_every_alert_setting_is_rendered_once_in_order():
+    settings = [v for v in vars(MONITORING.alerts).values() if isinstance(v, AlertSetting)]
+    assert [rule.setting for rule in alerts.alerting_rules()] == settings
+    assert len({s.name for s in settings}) == len(settings)
+
+
+def test_a_changed_setting_reaches_the_alerts(monkeypatch: pytest.MonkeyPatch) -> None:
+    changed = dataclasses.replace(MONITORING.alerts, kv_cache_full=AlertSetting("VLLMKVCacheNearFull", 0.8, "7m",
+                                                                                "critical"))
+    monkeypatch.setattr(alerts, "A", changed)
+    text = alerts.render()
+    assert "variant:vllm_kv_cache_usage_perc:max > 0.8\n        for: 7m\n        labels:\n" \
+           "          severity: critical\n" in text
+    assert "above 80 %." in text
