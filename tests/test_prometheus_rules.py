@@ -93,13 +93,13 @@ def _minutes(text: str) -> int:
     return int(match.group(1))
 
 
-def test_every_alert_has_cases_just_before_and_after_its_for_and_links_the_readme_runbook():
+def test_every_alert_has_cases_just_before_and_after_its_for_and_a_runbook_section():
     cases: dict[str, list[tuple[int, bool]]] = {}
     for t in yaml.safe_load((PROM / "tests" / "alerts.test.yml").read_text())["tests"]:
         for case in t.get("alert_rule_test", []):
             cases.setdefault(case["alertname"], []).append((_minutes(case["eval_time"]), bool(case["exp_alerts"])))
-    readme_anchors = {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-                      for line in (REPO / "README.md").read_text().splitlines() if line.startswith("#")}
+    runbook_anchors = {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+                       for line in (REPO / "docs" / "runbook.md").read_text().splitlines() if line.startswith("### ")}
     for alert in _alerts():
         name = str(alert["alert"])
         for_minutes = _minutes(str(alert["for"]))
@@ -114,7 +114,7 @@ def test_every_alert_has_cases_just_before_and_after_its_for_and_links_the_readm
         assert isinstance(labels, dict) and labels["severity"] in ("warning", "critical"), name
         assert isinstance(annotations, dict) and {"summary", "description", "runbook_url"} <= set(annotations)
         anchor = str(annotations["runbook_url"]).rsplit("#", 1)[1]
-        assert anchor == name.lower() and anchor in readme_anchors, f"README has no runbook section for {name}"
+        assert anchor == name.lower() and anchor in runbook_anchors, f"docs/runbook.md has no section for {name}"
 
 
 def _mutated(tmp_path: Path, file: str, old: str, new: str) -> Path:
