@@ -44,7 +44,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 
 def timings(config: pytest.Config, key: str, **values: Any) -> None:
-    """What the README reports (build, `up` and first-panel times), kept in pytest's cache:
+    """What docs/compose.md reports (build, `up` and first-panel times), kept in pytest's cache:
     `.pytest_cache/v/compose/timings` after a run."""
     assert config.cache is not None
     found = config.cache.get("compose/timings", {})
@@ -253,7 +253,7 @@ def test_a_labelled_load_through_locust_is_counted_exactly_on_both_sides(stack: 
     server_before, before = server_counters(stack), stack.exporter_samples()
     swarm_at = time.time()
     sent, report = swarm(stack)
-    # for the README: from `up` to the panel's first point, with the first load sent once the stack was healthy
+    # for docs/compose.md: from `up` to the panel's first point, with the first load sent once the stack was healthy
     first = stack.wait("a point on the acceptance panel",
                        lambda: first_acceptance_panel_point(stack, stack.started_at), timeout=30)
     timings(request.config, stack.profile, acceptance_panel_after_up_s=round(first - stack.started_at, 1),

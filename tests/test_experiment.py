@@ -316,6 +316,34 @@ variants:
     assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
 
 
+def test_variant_args_drop_serve_argvs_host_and_port_by_name_wherever_they_are(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specwatch.experiment import runner
+
+    serve_argv = runner.serve_argv
+
+    def shuffled_serve_argv(model: str, **kwargs: Any) -> list[str]:
+        # host and port after the common flags, one of them in the `--flag=value` form
+        argv = serve_argv(model, **kwargs)
+        at = argv.index("--host")
+        rest = argv[:at] + argv[at + 4:]
+        return [*rest[:4], "--port", "8000", *rest[4:], "--host=127.0.0.1"]
+
+    monkeypatch.setattr(runner, "serve_argv", shuffled_serve_argv)
+    text = """
+model: m
+server: {enforce_eager: true, args: ["--max-num-seqs", "4"]}
+tasks: {code: article}
+variants:
+  baseline: {}
+"""
+    plan = parse_plan(text, tmp_path, Home(tmp_path / "home"))
+    argv = variant_args(plan, plan.variant("baseline"))
+    assert argv[0] == "m" and "--enforce-eager" in argv
+    assert not [a for a in argv if a.split("=")[0] in ("--host", "--port")], argv
+    assert "127.0.0.1" not in argv and "8000" not in argv and argv[-2:] == ["--max-num-seqs", "4"]
+
+
 def test_the_example_plans_parse(tmp_path: Path) -> None:
     for name in ("cpu-study.yaml", "article-sim.yaml"):
         path = REPO / "examples" / "plans" / name

@@ -19,6 +19,7 @@ from specwatch.canary import report
 from specwatch.canary.judge import CanaryVerdict, judge
 from specwatch.canary.samples import Data, from_event_log, from_prometheus, parse_window
 from specwatch.canary.watch import AdminError, push_verdict, watch
+from specwatch.config import Home
 from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
 
 EXIT_PASS, EXIT_ERROR, EXIT_USAGE, EXIT_FAIL, EXIT_MARGINAL, EXIT_INSUFFICIENT = 0, 1, 2, 3, 4, 5
@@ -55,6 +56,7 @@ def evaluate(cfg: CanaryConfig) -> CanaryVerdict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = "Exit codes: 0 pass, 3 fail, 4 marginal, 5 insufficient data, 1 error, 2 usage."
     p.add_argument("--prometheus", metavar="URL", help="Prometheus scraping the exporter (ratios of rates, ITL p95)")
     p.add_argument("--event-log", type=Path, metavar="FILE", help="the exporter's --event-log (per-request samples)")
     p.add_argument("--baseline", default="baseline", help="the reference variant (default baseline)")
@@ -88,7 +90,7 @@ def _print(verdict: CanaryVerdict, out: Path | None) -> None:
         print(f"report: {md}\n        {js}", flush=True)
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run(home: Home, args: argparse.Namespace) -> int:
     if not args.prometheus and not args.event_log:
         return _usage("give --prometheus URL and/or --event-log FILE")
     for name in (args.baseline, args.candidate, *args.task):

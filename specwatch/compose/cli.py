@@ -10,15 +10,15 @@ import os
 import sys
 from pathlib import Path
 
+from specwatch.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.compose import images
 from specwatch.compose.docker_cli import DockerError
 from specwatch.config import Home
 from specwatch.vllm_cpu.setup import is_installed
 
-EXIT_OK, EXIT_ERROR = 0, 1
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Exit codes: 0 built, 1 a docker / debootstrap / compose failure, 2 usage."
     actions = parser.add_subparsers(dest="action", required=True)
     base = actions.add_parser("base", help=f"build {images.LOCAL_BASE} with debootstrap (root) and docker import")
     base.add_argument("--mirror", default=images.DEBIAN_MIRROR, help="Debian mirror for debootstrap")
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--mirror", default=images.DEBIAN_MIRROR, help="Debian mirror for a local base")
 
 
-def run_cli(home: Home, args: argparse.Namespace) -> int:
+def run(home: Home, args: argparse.Namespace) -> int:
     try:
         if args.action == "base":
             cfg = images.ImagesConfig(root=Path.cwd(), env=dict(os.environ), mirror=args.mirror)
@@ -53,7 +53,7 @@ def run_cli(home: Home, args: argparse.Namespace) -> int:
             vllm_python=home.vllm_python if is_installed(home) else None)
         if not (cfg.root / "compose.yaml").is_file():
             print(f"specwatch images: --root {cfg.root}: no compose.yaml there", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         images.build(cfg)
         return EXIT_OK
     except DockerError as exc:

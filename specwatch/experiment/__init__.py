@@ -1,6 +1,6 @@
 """`specwatch experiment`: the source article's study as a plan, run variant by variant, resumable.
 
-Modules: `plan` (YAML in, a validated frozen `Plan` out), `runner` (the order of things),
+Modules: `plan` (YAML in, a validated frozen `StudyPlan` out), `runner` (the order of things),
 `passes` (warm-up, acceptance, Locust performance, reconciliation), `environment` (what ran),
 `timeline` (Prometheus beside the study), `layout` (where results go), `cli` (the verb).
 Servers come from `specwatch.backends`.
@@ -41,7 +41,7 @@ A variant with `state: done` is skipped by `--resume` and never rewritten; any o
 is set aside and redone from the start of its server.
 """
 
-from specwatch.experiment.plan import Plan, PlanError, load_plan, parse_plan
+from specwatch.experiment.plan import PlanError, StudyPlan, load_plan, parse_plan
 from specwatch.experiment.runner import RunConflict, RunOptions, RunResult, run_plan
 
-__all__ = ["Plan", "PlanError", "RunConflict", "RunOptions", "RunResult", "load_plan", "parse_plan", "run_plan"]
+__all__ = ["PlanError", "RunConflict", "RunOptions", "RunResult", "StudyPlan", "load_plan", "parse_plan", "run_plan"]

@@ -18,11 +18,10 @@ from types import FrameType
 
 from rich.console import Console
 
+from specwatch.cli import EXIT_CHECK, EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.config import Home
 from specwatch.experiment.plan import PlanError, load_plan
 from specwatch.experiment.runner import RunConflict, RunOptions, run_plan
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CHECK = 0, 1, 2, 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,7 +39,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the run like Ctrl+C: the running server is stopped first
 
 
-def run_cli(home: Home, args: argparse.Namespace) -> int:
+def run(home: Home, args: argparse.Namespace) -> int:
     if args.resume and not args.run_id:
         print("specwatch experiment: --resume needs the --run-id of the run to finish", file=sys.stderr)
         return EXIT_USAGE

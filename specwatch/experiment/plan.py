@@ -1,4 +1,4 @@
-"""The experiment plan: YAML in, a validated frozen `Plan` out; every error names the key and what was expected.
+"""The experiment plan: YAML in, a validated frozen `StudyPlan` out; every error names the key and what was expected.
 
 Parsed once, by `parse_plan(text, base_dir, home)`. `{models}` and `{home}` in model names
 (and in a speculative config's `model`) expand to the specwatch home's folders, so a plan can
@@ -76,7 +76,7 @@ class Variant:
 
 
 @dataclass(frozen=True)
-class Plan:
+class StudyPlan:
     name: str
     model: str
     served_model_name: str
@@ -93,7 +93,7 @@ class Plan:
         return next(v for v in self.variants if v.name == name)
 
 
-def load_plan(path: Path, home: Home) -> Plan:
+def load_plan(path: Path, home: Home) -> StudyPlan:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -313,7 +313,7 @@ TOP_KEYS = ("name", "backend", "model", "served_model_name", "server", "lang", "
             "acceptance", "performance", "variants")
 
 
-def parse_plan(text: str, base_dir: Path, home: Home) -> Plan:
+def parse_plan(text: str, base_dir: Path, home: Home) -> StudyPlan:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -329,7 +329,7 @@ def parse_plan(text: str, base_dir: Path, home: Home) -> Plan:
     if lang not in LANGS:
         raise PlanError(f"lang: expected one of {', '.join(LANGS)} (the article's built-in prompts), got {_kind(lang)}")
     backend = _backend(m.get("backend", "sim"), "backend", home)
-    return Plan(
+    return StudyPlan(
         name=_str(m, "name", "plan", "experiment"), model=model,
         served_model_name=_str(m, "served_model_name", "plan", SERVED_MODEL_NAME),
         server=_server(m.get("server")), lang=lang, tasks=_tasks(m["tasks"], base_dir),

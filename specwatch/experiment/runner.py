@@ -36,7 +36,7 @@ from specwatch.experiment.layout import (
     write_json,
     write_text,
 )
-from specwatch.experiment.plan import Plan, Variant
+from specwatch.experiment.plan import StudyPlan, Variant
 from specwatch.experiment.timeline import PrometheusError, Timeline, Window
 from specwatch.net import free_port
 from specwatch.vllm_cpu.server import serve_argv
@@ -72,34 +72,42 @@ class RunResult:
         return [n for n, s in self.statuses.items() if s.get("state") == DONE and not s.get("ok")]
 
 
-def variant_args(plan: Plan, v: Variant) -> list[str]:
-    """`vllm serve` arguments after the word `serve`, without --host / --port (the backend adds them)."""
-    argv = serve_argv(v.model, speculative_config=v.speculative_config, dtype=plan.server.dtype,
-                      extra=[*plan.server.args, *v.args])
+BACKEND_OPTIONS = ("--host", "--port")  # the backend adds its own (backends/base.py)
+
+
+def variant_args(plan: StudyPlan, v: Variant) -> list[str]:
+    """`vllm serve` arguments after the word `serve`, without serve_argv's --host / --port (the backend adds them).
+
+    The plan's own `server.args` and the variant's `args` follow unchanged.
+    """
+    own = _without_options(serve_argv(v.model, speculative_config=v.speculative_config, dtype=plan.server.dtype),
+                           BACKEND_OPTIONS)
+    argv = [*own, *plan.server.args, *v.args]
+    if not plan.server.enforce_eager:
+        argv = [arg for arg in argv if arg != "--enforce-eager"]
+    argv[argv.index("--served-model-name") + 1] = plan.served_model_name
+    return argv
+
+
+def _without_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """`argv` without the options `names` and their values, written `--port 8000` or `--port=8000`."""
     out: list[str] = []
-    skip = False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if arg in ("--host", "--port") and i < 5:  # serve_argv's own, right after the model
-            skip = True
-            continue
-        if arg == "--enforce-eager" and not plan.server.enforce_eager:
-            continue
-        out.append(arg)
-    name_at = out.index("--served-model-name") + 1
-    out[name_at] = plan.served_model_name
+    args = iter(argv)
+    for arg in args:
+        if arg in names:
+            next(args, None)
+        elif arg.partition("=")[0] not in names:
+            out.append(arg)
     return out
 
 
-def steps(plan: Plan) -> int:
+def steps(plan: StudyPlan) -> int:
     perf = len(plan.performance.concurrencies) if plan.performance else 0
     return 2 + len(plan.tasks) + perf  # start, acceptance per task, perf per concurrency, stop
 
 
 class Runner:
-    def __init__(self, plan: Plan, options: RunOptions, console: Console) -> None:
+    def __init__(self, plan: StudyPlan, options: RunOptions, console: Console) -> None:
         self.plan, self.options, self.console = plan, options, console
         self.run = RunFolder(options.out / options.run_id)
         self.backends: dict[str, Backend] = {}
@@ -333,5 +341,5 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def run_plan(plan: Plan, options: RunOptions, console: Console | None = None) -> RunResult:
+def run_plan(plan: StudyPlan, options: RunOptions, console: Console | None = None) -> RunResult:
     return Runner(plan, options, console or Console()).execute()

@@ -59,7 +59,7 @@ def _arguments(parser: Any) -> None:
 
 
 @dataclass
-class Plan:
+class RequestPlan:
     """Which request comes next, shared by all users of this Locust process."""
 
     rows: dict[str, list[Row]]
@@ -89,7 +89,7 @@ class Plan:
         return None
 
 
-PLAN: Plan | None = None
+PLAN: RequestPlan | None = None
 RESULTS: Any = None
 CSV_PREFIX: str | None = None
 
@@ -106,7 +106,7 @@ def _start(environment: Environment, **_: Any) -> None:
         rows[name.strip()] = load_jsonl(Path(path.strip()), name.strip())
     if not rows:
         raise SystemExit("--workloads: expected TASK=PATH.jsonl[,TASK=PATH.jsonl...]")
-    PLAN = Plan(rows, options.requests_per_task, options.warmup)
+    PLAN = RequestPlan(rows, options.requests_per_task, options.warmup)
     _resolve(environment.host)
     RESULTS = open(options.results_file, "a", encoding="utf-8") if options.results_file else None  # noqa: SIM115
 
