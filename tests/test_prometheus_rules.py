@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specwatch import resources
 from specwatch.promconfig import rule_tests, rules
 from specwatch.promconfig.server import Targets, write_layout
 
 REPO = Path(__file__).parents[1]
-PROM = REPO / "prometheus"
+PROM = resources.PROMETHEUS
 
 
 @pytest.fixture(scope="module")

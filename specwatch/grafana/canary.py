@@ -1,6 +1,6 @@
 """The canary dashboard: candidate against baseline per task, the ratio rules, the verdict and the alerts.
 
-The verdict uses the thresholds of the canary alerts in prometheus/rules/specwatch-alerts.yml
+The verdict uses the thresholds of the canary alerts in specwatch/data/prometheus/rules/specwatch-alerts.yml
 (a test keeps them equal) on the same 5m ratio rules, without the alerts' `for:`: it is the state
 now, the alerts say whether it lasted.
 """

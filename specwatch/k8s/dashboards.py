@@ -1,5 +1,6 @@
-"""Copies of `grafana/dashboards/*.json` inside `deploy/k8s/base/dashboards/`, for kustomize's configMapGenerator.
+"""Copies of the packaged dashboards inside `deploy/k8s/base/dashboards/`, for kustomize's configMapGenerator.
 
+The sources are `specwatch/data/grafana/dashboards/*.json`.
 Kustomize only loads files under the kustomization's own folder (its default load restrictor), so the base
 keeps byte-for-byte copies: `python -m specwatch.k8s.dashboards` rewrites them, `--check` exits 3 when a
 copy differs from its source or one is missing or left over (a test runs the same comparison).
@@ -11,10 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from specwatch import resources
 from specwatch.generated import EXIT_STALE
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "grafana" / "dashboards"
+SOURCE = resources.DASHBOARDS
 OUT = REPO / "deploy" / "k8s" / "base" / "dashboards"
 
 

@@ -1,7 +1,7 @@
 """The recording rules as data: vLLM's counters and the exporter's, turned into windowed figures.
 
-`prometheus/rules/specwatch-recording.yml` is written from here (`make generate`, or
-`python -m specwatch.promconfig.rules --out prometheus/rules`) and a test fails when the committed
+`specwatch/data/prometheus/rules/specwatch-recording.yml` is written from here (`make generate`, or
+`python -m specwatch.promconfig.rules`, which writes there by default) and a test fails when the committed
 file differs from a fresh rendering. Names follow `level:metric:operations`; numerators and
 denominators are summed (over engines, replicas and the labels a level drops) before dividing, and
 every ratio is a ratio of `rate()` sums over one window, so it never reads a lifetime total and a
@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specwatch import resources
 from specwatch.generated import write_or_check
 
 FAST = "1m"  # live panels
@@ -288,7 +289,7 @@ RULES_FILE = "specwatch-recording.yml"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specwatch.promconfig.rules", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("prometheus/rules"), help="folder for " + RULES_FILE)
+    parser.add_argument("--out", type=Path, default=resources.RULES, help="folder for " + RULES_FILE)
     parser.add_argument("--check", action="store_true", help="exit 3 when the committed file is not current")
     args = parser.parse_args(argv)
     return write_or_check(args.out / RULES_FILE, render(recording_groups()), args.check)
