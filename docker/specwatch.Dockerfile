@@ -1,5 +1,7 @@
 # The specwatch image: `specwatch exporter`, `specwatch sim` and Locust with loadgen/locustfile.py,
 # plus the article's workloads (/opt/specwatch/data/en and /zh, written by `specwatch workloads`).
+# The defaults the package reads at run time (the canary policy, the Prometheus and Grafana files)
+# are its package data (specwatch/data/), installed with it: nothing else of the checkout is copied.
 # Build context: the repository root (see .dockerignore). Every Python version comes from
 # pyproject.toml, read here with tomllib, so nothing is pinned twice.
 #

@@ -1,7 +1,7 @@
 """`specwatch canary` end to end: simulators (real processes), the exporter with its event log, Locust, Prometheus.
 
 The truth is set by the data (which servers, which drafter, which traffic and concurrency);
-every case reads the one default policy, `examples/canary-policy.yaml`. One case runs on the
+every case reads the one default policy, `specwatch/data/canary-policy.yaml`. One case runs on the
 real vLLM 0.32.0 CPU server.
 """
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from scipy import stats as sp  # type: ignore[import-untyped]
 
+from specwatch import resources
 from specwatch.canary import policy as policy_mod
 from specwatch.canary.judge import judge_task
 from specwatch.canary.samples import Side, parse_window
@@ -115,7 +116,7 @@ def _side(rng: random.Random, n: int, tpot: float, errors: int = 0) -> Side:
 
 @pytest.fixture(scope="module")
 def policy() -> policy_mod.Policy:
-    return policy_mod.load(REPO / "examples" / "canary-policy.yaml")
+    return policy_mod.load(resources.CANARY_POLICY)
 
 
 def test_a_slower_candidate_fails_on_tpot_and_a_faster_one_passes(policy: policy_mod.Policy) -> None:
@@ -147,7 +148,7 @@ def test_errors_on_the_candidate_fail_the_critical_error_ratio(policy: policy_mo
 
 
 def test_policy_errors_name_the_key(tmp_path: Path) -> None:
-    doc = yaml.safe_load((REPO / "examples" / "canary-policy.yaml").read_text())
+    doc = yaml.safe_load((resources.CANARY_POLICY).read_text())
     doc["metrics"]["tpot"]["direction"] = "down"
     with pytest.raises(policy_mod.PolicyError, match=r"metrics\.tpot\.direction"):
         policy_mod.parse(doc)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from specwatch import __version__
+from specwatch import __version__, resources
 from specwatch.compose.images import LOCAL_BASE
 from specwatch.config import Home
 from specwatch.exporter import config as exporter_config
@@ -133,7 +133,7 @@ def dns_names(found: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def scrape_targets() -> Iterator[str]:
-    for path in sorted((ROOT / "prometheus" / "targets").glob("*.yml")):
+    for path in sorted(resources.TARGETS.glob("*.yml")):
         for group in yaml.safe_load(path.read_text()):
             yield from group["targets"]
 
@@ -216,7 +216,7 @@ def test_every_url_between_services_reaches_one(profile: str) -> None:
     names = dns_names(found)
     argv = [str(a) for a in found["exporter"]["command"] + found["locust"]["command"]]
     urls = re.findall(r"http://([\w.-]+):(\d+)", " ".join(argv))
-    for path in sorted((ROOT / "grafana" / "provisioning" / "datasources").glob("*.y*ml")):
+    for path in sorted((resources.PROVISIONING / "datasources").glob("*.y*ml")):
         urls += re.findall(r"url:\s*http://([\w.-]+):(\d+)", path.read_text())
     urls.append((str(flag_value(found["locust-worker"]["command"], "--master-host")), str(LOCUST_MASTER_PORT)))
     assert len(urls) >= 5
@@ -233,18 +233,17 @@ def test_every_bind_mount_is_a_read_only_path_of_the_repository() -> None:
         assert source.is_relative_to(ROOT), f"{name} mounts {source}, outside the repository"
         assert source.exists(), f"{name} mounts {source.relative_to(ROOT)}, which does not exist"
         assert volume.get("read_only"), f"{name} mounts {source.relative_to(ROOT)} writable"
-    assert {Path(v["source"]).relative_to(ROOT).as_posix() for _, v in binds} >= {
-        "prometheus/prometheus.yml", "prometheus/rules", "prometheus/targets",
-        "grafana/provisioning", "grafana/dashboards"}
+    assert {Path(v["source"]) for _, v in binds} >= {
+        resources.PROMETHEUS_CONFIG, resources.RULES, resources.TARGETS, resources.PROVISIONING, resources.DASHBOARDS}
 
 
 def test_prometheus_sees_its_files_where_prometheus_yml_looks() -> None:
     prometheus = services(None)["prometheus"]
     mounts = {v["target"]: Path(v["source"]) for v in prometheus["volumes"] if v["type"] == "bind"}
     config_file = flag_value(prometheus["command"], "--config.file")
-    assert config_file is not None and mounts[config_file] == ROOT / "prometheus" / "prometheus.yml"
+    assert config_file is not None and mounts[config_file] == resources.PROMETHEUS_CONFIG
     base = Path(config_file).parent
-    doc = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+    doc = yaml.safe_load(resources.PROMETHEUS_CONFIG.read_text())
     patterns = list(doc["rule_files"]) + [f for job in doc["scrape_configs"] for sd in job.get("file_sd_configs", [])
                                          for f in sd["files"]]
     for pattern in patterns:

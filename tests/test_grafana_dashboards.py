@@ -18,7 +18,7 @@ import requests
 import yaml
 from prometheus_client import CollectorRegistry
 
-from specwatch import cli
+from specwatch import cli, resources
 from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV, ExporterConfig
 from specwatch.exporter.metrics import CANARY_VERDICTS, ExporterMetrics
 from specwatch.grafana import canary, dashboards
@@ -31,8 +31,8 @@ from specwatch.workloads import write_article_workloads
 from tests.conftest import NGRAM_SIM_ARGS, Service
 
 REPO = Path(__file__).parents[1]
-COMMITTED = REPO / "grafana" / "dashboards"
-PROVISIONING = REPO / "grafana" / "provisioning"
+COMMITTED = resources.DASHBOARDS
+PROVISIONING = resources.PROVISIONING
 UIDS = {"specwatch-acceptance", "specwatch-latency", "specwatch-canary"}
 NO_QUERY = {"row", "alertlist"}
 SIM_BASELINE_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
@@ -77,7 +77,7 @@ def all_exprs() -> Iterator[tuple[str, str, str]]:
 
 
 def test_the_committed_json_equals_a_fresh_generation():
-    assert dashboards.stale(COMMITTED) == [], "run `python -m specwatch.grafana.dashboards --out grafana/dashboards`"
+    assert dashboards.stale(COMMITTED) == [], "run `python -m specwatch.grafana.dashboards`"
     assert sorted(p.name for p in COMMITTED.glob("*.json")) == sorted(boards())
 
 
@@ -134,7 +134,7 @@ def test_every_panel_is_described_has_a_unit_and_uses_the_datasource_variable():
 
 
 def test_every_recording_rule_a_panel_uses_exists():
-    rules_doc = yaml.safe_load((REPO / "prometheus" / "rules" / "specwatch-recording.yml").read_text())
+    rules_doc = yaml.safe_load((resources.RULES / "specwatch-recording.yml").read_text())
     recorded = {r["record"] for g in rules_doc["groups"] for r in g["rules"]}
     used = set()
     for board, title, expr in all_exprs():
@@ -164,7 +164,7 @@ def test_every_raw_metric_name_exists_in_vllm_or_the_exporter():
 
 
 def test_the_verdict_uses_the_thresholds_of_the_canary_alerts():
-    alerts = yaml.safe_load((REPO / "prometheus" / "rules" / "specwatch-alerts.yml").read_text())
+    alerts = yaml.safe_load((resources.RULES / "specwatch-alerts.yml").read_text())
     exprs = {r["alert"]: r["expr"] for g in alerts["groups"] for r in g["rules"]}
     settings = MONITORING.alerts
     verdict = canary.verdict_expr()

@@ -30,7 +30,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from specwatch import cli
+from specwatch import cli, resources
 from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
 from specwatch.k8s import dashboards, rules
 from specwatch.promconfig.server import EXPORTER_JOB, VLLM_JOB, PrometheusServer, Targets, host_port
@@ -169,7 +169,7 @@ def test_the_freshness_checks_catch_a_stale_copy(tmp_path: Path) -> None:
 
 
 def test_prometheusrules_carry_the_rule_files_unchanged(everything: list[Doc]) -> None:
-    files = sorted((REPO / "prometheus" / "rules").glob("*.yml"))
+    files = sorted(resources.RULES.glob("*.yml"))
     assert files
     for path in files:
         doc = find(everything, "PrometheusRule", path.stem)
@@ -178,7 +178,7 @@ def test_prometheusrules_carry_the_rule_files_unchanged(everything: list[Doc]) -
 
 def test_dashboards_are_configmaps_for_the_grafana_sidecar(everything: list[Doc]) -> None:
     maps = [d for d in everything if d["kind"] == "ConfigMap"]
-    sources = {p.name: p.read_text() for p in (REPO / "grafana" / "dashboards").glob("*.json")}
+    sources = {p.name: p.read_text() for p in resources.DASHBOARDS.glob("*.json")}
     assert sources
     seen: dict[str, str] = {}
     for cm in maps:
@@ -214,7 +214,7 @@ def relabel(labels: dict[str, str], configs: list[Doc]) -> dict[str, str]:
 
 
 def prometheus_jobs() -> set[str]:
-    config = yaml.safe_load((REPO / "prometheus" / "prometheus.yml").read_text())
+    config = yaml.safe_load(resources.PROMETHEUS_CONFIG.read_text())
     return {job["job_name"] for job in config["scrape_configs"]}
 
 

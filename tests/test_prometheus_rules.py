@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specwatch import resources
 from specwatch.generated import EXIT_STALE
 from specwatch.monitoring import MONITORING, AlertSetting
 from specwatch.promconfig import alerts, rule_tests, rules
 from specwatch.promconfig.server import EXPORTER_JOB, VLLM_JOB, Targets, write_layout
 
 REPO = Path(__file__).parents[1]
-PROM = REPO / "prometheus"
+PROM = resources.PROMETHEUS
 
 
 @pytest.fixture(scope="module")

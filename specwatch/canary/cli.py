@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidate", default="candidate", help="the variant under test (default candidate)")
     p.add_argument("--window", default="10m", help="how far back to look, Prometheus style: 90s, 10m, 1h")
     p.add_argument("--task", action="append", default=[], help="a task to judge (repeatable; default: all seen)")
-    p.add_argument("--policy", type=Path, help="YAML policy (default examples/canary-policy.yaml)")
+    p.add_argument("--policy", type=Path, help="YAML policy (default: the packaged specwatch/data/canary-policy.yaml)")
     p.add_argument("--out", type=Path, help="write canary.md and canary.json here")
     p.add_argument("--push-to", metavar="EXPORTER_URL", help="push the verdict to the exporter's /admin/verdict")
     p.add_argument("--admin-token-env", default=DEFAULT_ADMIN_TOKEN_ENV,

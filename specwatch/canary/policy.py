@@ -4,7 +4,7 @@ Per metric: the direction in which a change is bad, the tolerance that separates
 meaningful change" from high / low, a weight for the score, and whether its failure fails the
 whole verdict. Globally: the minimum samples per side, the test's significance level, the
 interval's confidence, and the score thresholds for pass and marginal. Errors name the key.
-The documented default is `examples/canary-policy.yaml`.
+The default ships as package data: `specwatch/data/canary-policy.yaml`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from typing import Any, Literal, cast
 
 import yaml
 
+from specwatch import resources
 from specwatch.canary.samples import METRICS
 
 Direction = Literal["lower_is_better", "higher_is_better", "no_change"]
 DIRECTIONS: tuple[Direction, ...] = ("lower_is_better", "higher_is_better", "no_change")
-DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "examples" / "canary-policy.yaml"
+DEFAULT_POLICY = resources.CANARY_POLICY
 
 
 class PolicyError(ValueError):
@@ -133,7 +134,7 @@ def parse(doc: Any, where: str = "policy") -> Policy:
 
 
 def load(path: Path | None = None) -> Policy:
-    """Read and validate a policy file (default: `examples/canary-policy.yaml`)."""
+    """Read and validate a policy file (default: the packaged `specwatch/data/canary-policy.yaml`)."""
     path = path or DEFAULT_POLICY
     try:
         doc = yaml.safe_load(path.read_text())

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from specwatch.grafana.panels import DATASOURCE, Json, row
 
 SCHEMA_VERSION = 39  # Grafana 11
-DATASOURCE_UID = "specwatch-prometheus"  # grafana/provisioning/datasources/prometheus.yml
+DATASOURCE_UID = "specwatch-prometheus"  # specwatch/data/grafana/provisioning/datasources/prometheus.yml
 TAG = "specwatch"
 GRID_COLUMNS = 24
 

@@ -1,6 +1,6 @@
-"""The committed dashboards: `grafana/dashboards/*.json` written, or checked, from the Python definitions.
+"""The committed dashboards: `specwatch/data/grafana/dashboards/*.json` written, or checked, from Python.
 
-`python -m specwatch.grafana.dashboards --out grafana/dashboards` rewrites them; `--check` exits 3
+`python -m specwatch.grafana.dashboards` rewrites them (`--out` another folder); `--check` exits 3
 when a committed file differs from a fresh generation (a test runs the same comparison).
 """
 
@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from specwatch import resources
 from specwatch.generated import EXIT_STALE, write_or_check
 from specwatch.grafana import acceptance, canary, latency
 from specwatch.grafana.board import render
@@ -35,7 +36,7 @@ def stale(out: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specwatch.grafana.dashboards", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("grafana/dashboards"), help="folder for the JSON files")
+    parser.add_argument("--out", type=Path, default=resources.DASHBOARDS, help="folder for the JSON files")
     parser.add_argument("--check", action="store_true", help=f"exit {EXIT_STALE} when a committed file is not current")
     args = parser.parse_args(argv)
     out: Path = args.out

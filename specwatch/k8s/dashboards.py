@@ -1,5 +1,6 @@
 """The dashboards inside `deploy/k8s/base/dashboards/`, for kustomize's configMapGenerator.
 
+The sources are `specwatch/data/grafana/dashboards/*.json`.
 Kustomize only loads files under the kustomization's own folder (its default load restrictor), so the base
 keeps its own copies, byte for byte the files `specwatch.grafana.dashboards` writes to `grafana/dashboards/`
 (rendered from the same code and settings, not copied): `python -m specwatch.k8s.dashboards` rewrites them,

@@ -8,7 +8,7 @@ evaluated at 10m spans that reset, and there only the ratios are checked, which 
 Values are compared after `round(x, 2^-20)`, which Prometheus and this module compute with
 the same IEEE operations, so the check is exact without depending on the order of float sums.
 
-`prometheus/tests/recording.test.yml` is written from here next to the rules it tests.
+`specwatch/data/prometheus/tests/recording.test.yml` is written from here next to the rules it tests.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from specwatch import resources
 from specwatch.exporter.metrics import OUTCOMES
 from specwatch.generated import write_or_check
 from specwatch.monitoring import MONITORING as S
@@ -416,7 +417,7 @@ TESTS_FILE = "recording.test.yml"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specwatch.promconfig.rule_tests", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("prometheus/tests"), help="folder for " + TESTS_FILE)
+    parser.add_argument("--out", type=Path, default=resources.RULE_TESTS, help="folder for " + TESTS_FILE)
     parser.add_argument("--check", action="store_true", help="exit 3 when the committed file is not current")
     args = parser.parse_args(argv)
     return write_or_check(args.out / TESTS_FILE, render(), args.check)

@@ -1,8 +1,8 @@
 """The recording rules as data: vLLM's counters and the exporter's, turned into windowed figures.
 
-`prometheus/rules/specwatch-recording.yml` is written from here, with the alerts of
+`specwatch/data/prometheus/rules/specwatch-recording.yml` is written from here, with the alerts of
 `specwatch.promconfig.alerts` next to it (`make generate`, or `python -m specwatch.promconfig.rules
---out prometheus/rules`), and a test fails when a committed file differs from a fresh rendering.
+`, which writes there by default), and a test fails when a committed file differs from a fresh rendering.
 Windows, family names and variants come from `specwatch.monitoring`. Names follow
 `level:metric:operations`; numerators and denominators are summed (over engines, replicas and the
 labels a level drops) before dividing, and every ratio is a ratio of `rate()` sums over one window,
@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specwatch import resources
 from specwatch.generated import write_or_check
 from specwatch.monitoring import MONITORING
 from specwatch.promconfig import alerts
@@ -276,7 +277,7 @@ def rule_files() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specwatch.promconfig.rules", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("prometheus/rules"),
+    parser.add_argument("--out", type=Path, default=resources.RULES,
                         help=f"folder for {RULES_FILE} and {alerts.ALERTS_FILE}")
     parser.add_argument("--check", action="store_true", help="exit 3 when a committed file is not current")
     args = parser.parse_args(argv)

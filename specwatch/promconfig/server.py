@@ -1,6 +1,6 @@
-"""A local Prometheus (the Debian binary) on the repository's configuration, for `specwatch up` and tests.
+"""A local Prometheus (the Debian binary) on the packaged configuration, for `specwatch up` and tests.
 
-The run folder gets a verbatim copy of `prometheus/prometheus.yml`, a link to the rules, and
+The run folder gets a verbatim copy of `specwatch/data/prometheus/prometheus.yml`, a link to the rules, and
 loopback target files in the layout compose mounts, so the local stack and compose read the
 same configuration and differ only in where the targets are.
 """
@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 import requests
 import yaml
 
+from specwatch import resources
 from specwatch.supervisor import Supervisor
 
-REPO_PROMETHEUS = Path(__file__).resolve().parents[2] / "prometheus"
 VLLM_JOB, EXPORTER_JOB = "vllm", "specwatch-exporter"
 
 
@@ -57,7 +57,7 @@ class Targets:
         }
 
 
-def write_layout(folder: Path, targets: Targets, source: Path = REPO_PROMETHEUS) -> Path:
+def write_layout(folder: Path, targets: Targets, source: Path = resources.PROMETHEUS) -> Path:
     """The configuration folder Prometheus runs from; returns the path of its prometheus.yml."""
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "prometheus.yml"

@@ -1,5 +1,5 @@
-"""Grafana for the local stack, when a `grafana` binary is installed: the repository's provisioning,
-with the datasource pointed at the local Prometheus and the dashboards read from the repository."""
+"""Grafana for the local stack, when a `grafana` binary is installed: the packaged provisioning,
+with the datasource pointed at the local Prometheus and the dashboards read from the package data."""
 
 from __future__ import annotations
 
@@ -10,18 +10,17 @@ from typing import Any
 
 import yaml
 
+from specwatch import resources
 from specwatch.stack.processes import managed
 from specwatch.supervisor import Supervisor
-
-REPO_GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
 
 
 def grafana_binary() -> str | None:
     return shutil.which("grafana") or shutil.which("grafana-server")
 
 
-def local_provisioning(folder: Path, prometheus_url: str, source: Path = REPO_GRAFANA) -> Path:
-    """A copy of grafana/provisioning with loopback URLs and the repository's dashboards folder."""
+def local_provisioning(folder: Path, prometheus_url: str, source: Path = resources.GRAFANA) -> Path:
+    """A copy of the packaged provisioning with loopback URLs and the packaged dashboards folder."""
     out = folder / "provisioning"
     if out.exists():
         shutil.rmtree(out)

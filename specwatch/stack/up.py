@@ -2,7 +2,7 @@
 
 Two servers (the real vLLM CPU build with SmolLM2, simulators, or URLs given), the exporter in
 front of them (baseline and an n-gram candidate, split), the Debian Prometheus on
-`prometheus/prometheus.yml` and its rules, Locust (web UI, or one labelled headless load), and
+the packaged `prometheus.yml` and its rules, Locust (web UI, or one labelled headless load), and
 Grafana when a `grafana` binary is on PATH. Every part is healthy before the next starts, logs go
 to the run folder, and everything is stopped on Ctrl+C, SIGTERM, an error or the end of the
 headless load, process groups included.
@@ -28,7 +28,7 @@ from rich.table import Table
 
 from specwatch import snapshot
 from specwatch.config import Home
-from specwatch.load.run import LoadConfig
+from specwatch.load.run import LOCUSTFILE, LoadConfig
 from specwatch.load.run import run as run_load
 from specwatch.monitoring import MONITORING
 from specwatch.net import free_port
@@ -39,8 +39,6 @@ from specwatch.supervisor import Supervisor
 from specwatch.vllm_cpu.server import NGRAM_CONFIG, VllmServer, serve_argv
 from specwatch.workloads import write_article_workloads
 
-REPO = Path(__file__).resolve().parents[2]
-LOCUSTFILE = REPO / "loadgen" / "locustfile.py"
 VARIANTS = ("baseline", "candidate")
 BACKENDS = ("vllm-cpu", "sim", "urls")
 
