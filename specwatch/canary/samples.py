@@ -29,8 +29,9 @@ from typing import Any, Literal
 
 import requests
 
+from specwatch.exporter.labels import ERROR_OUTCOMES
+
 Scale = Literal["ratio", "difference", "proportion", "share"]
-ERROR_OUTCOMES = frozenset({"upstream_error", "bad_response"})
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from specwatch.exporter.labels import OUTCOMES
 from specwatch.generated import write_or_check
 from specwatch.promconfig import rules as R
 
@@ -102,7 +103,6 @@ EXPORTER_HIST_COUNTS = {("baseline", "code"): ((10, 30, 36, 40, 40), 16),
                         ("baseline", "chat"): ((0, 8, 30, 39, 40), 24),
                         ("candidate", "code"): ((20, 30, 35, 38, 40), 10),
                         ("candidate", "chat"): ((2, 4, 20, 30, 40), 40)}
-OUTCOMES = ("ok", "upstream_error", "bad_response", "client_abort", "rejected")
 
 
 def _resets(variant: str) -> bool:

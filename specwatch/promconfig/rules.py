@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specwatch.exporter import labels as exporter_labels
 from specwatch.generated import write_or_check
 
 FAST = "1m"  # live panels
@@ -27,7 +28,7 @@ QUANTILES = ("0.5", "0.95", "0.99")
 MAX_CONDITIONAL_POSITION = 15
 # Canary ratios compare these two variants (the route names of the exporter and the compose file).
 BASELINE, CANDIDATE = "baseline", "candidate"
-ERROR_OUTCOMES = "upstream_error|bad_response"
+ERROR_OUTCOMES = "|".join(exporter_labels.ERROR_OUTCOMES)
 
 VLLM_LATENCIES = {
     "vllm_time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
