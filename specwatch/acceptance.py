@@ -32,6 +32,16 @@ def spec_field(response: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return field if isinstance(field, Mapping) else None
 
 
+def rate(accepted: float, drafted: float) -> float | None:
+    """C / D of sums; None without drafts (no value, not 0 %)."""
+    return accepted / drafted if drafted else None
+
+
+def mean_length(accepted: float, steps: float) -> float | None:
+    """1 + C / R of sums: tokens per verify step, the bonus token included; None without steps."""
+    return 1 + accepted / steps if steps else None
+
+
 def survival(histogram: Sequence[int]) -> tuple[int, ...]:
     """Steps that accepted at least p + 1 drafts, for p in 0..k-1: vLLM's per-position counter."""
     return tuple(sum(histogram[p + 1:]) for p in range(len(histogram) - 1))
@@ -49,7 +59,7 @@ class SpecFields:
     @property
     def acceptance_rate(self) -> float | None:
         """C / D for this request alone; None without drafts."""
-        return self.accepted / self.drafted if self.drafted else None
+        return rate(self.accepted, self.drafted)
 
 
 def parse(field: Mapping[str, Any]) -> SpecFields:
@@ -73,12 +83,11 @@ class Acceptance:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return rate(self.accepted, self.drafted)
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """1 + C / R: tokens per verify step, the bonus token included."""
-        return 1 + self.accepted / self.steps if self.steps else None
+        return mean_length(self.accepted, self.steps)
 
     @property
     def survival(self) -> tuple[int, ...]:
