@@ -1,15 +1,22 @@
-"""Per-task acceptance from per-request `metrics.speculative_decoding` fields: sum first, then divide.
+"""Per-request `metrics.speculative_decoding` (vLLM 0.32.0): parsed and validated here, summed first, then divided.
 
-C (accepted draft tokens), D (draft tokens), R (verify steps with a draft) and the dense
-histogram are summed over requests; rates are ratios of those sums, never averages of
-per-request percentages. D = 0 gives no rate (None), which is not 0 % acceptance.
+`parse()` is the one reader of the wire fields (`num_accepted_draft_tokens` C,
+`num_draft_tokens` D, `num_spec_steps` R, the dense `acceptance_histogram` of k + 1 bins);
+the tap, the experiment's reconciliation, the load results and the reports all go through it.
+`Acceptance` sums C, D, R and the histogram over requests; rates are ratios of those sums,
+never averages of per-request percentages. D = 0 gives no rate (None), which is not 0 %.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+MAX_K = 64  # the most draft positions a histogram may describe (k + 1 bins); longer is malformed
+
+ACCEPTED, DRAFTED, STEPS, HISTOGRAM = (
+    "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_steps", "acceptance_histogram")
 
 
 class AcceptanceFieldError(ValueError):
@@ -23,6 +30,43 @@ def spec_field(response: Mapping[str, Any]) -> Mapping[str, Any] | None:
         return None
     field = metrics.get("speculative_decoding")
     return field if isinstance(field, Mapping) else None
+
+
+def rate(accepted: float, drafted: float) -> float | None:
+    """C / D of sums; None without drafts (no value, not 0 %)."""
+    return accepted / drafted if drafted else None
+
+
+def mean_length(accepted: float, steps: float) -> float | None:
+    """1 + C / R of sums: tokens per verify step, the bonus token included; None without steps."""
+    return 1 + accepted / steps if steps else None
+
+
+def survival(histogram: Sequence[int]) -> tuple[int, ...]:
+    """Steps that accepted at least p + 1 drafts, for p in 0..k-1: vLLM's per-position counter."""
+    return tuple(sum(histogram[p + 1:]) for p in range(len(histogram) - 1))
+
+
+@dataclass(frozen=True)
+class SpecFields:
+    """One request's validated field."""
+
+    accepted: int  # C
+    drafted: int  # D
+    steps: int  # R
+    histogram: tuple[int, ...]  # steps that accepted exactly 0..k drafts
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """C / D for this request alone; None without drafts."""
+        return rate(self.accepted, self.drafted)
+
+
+def parse(field: Mapping[str, Any]) -> SpecFields:
+    """Validate one `metrics.speculative_decoding` object; AcceptanceFieldError names the bad key."""
+    if not isinstance(field, Mapping):
+        raise AcceptanceFieldError(f"speculative_decoding: expected an object, got {field!r}")
+    return SpecFields(_int(field, ACCEPTED), _int(field, DRAFTED), _int(field, STEPS), _histogram(field))
 
 
 @dataclass(frozen=True)
@@ -39,20 +83,23 @@ class Acceptance:
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return rate(self.accepted, self.drafted)
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """1 + C / R: tokens per verify step, the bonus token included."""
-        return 1 + self.accepted / self.steps if self.steps else None
+        return mean_length(self.accepted, self.steps)
+
+    @property
+    def survival(self) -> tuple[int, ...]:
+        """Summed steps that accepted at least p + 1 drafts (what vLLM's per_pos counter adds up)."""
+        return survival(self.histogram)
 
     @property
     def per_position(self) -> tuple[float, ...]:
         """Unconditional P(accepted >= p + 1) per verify step, as vLLM's per_pos / drafts."""
         if not self.steps:
             return ()
-        survival = [sum(self.histogram[p + 1:]) for p in range(len(self.histogram) - 1)]
-        return tuple(s / self.steps for s in survival)
+        return tuple(s / self.steps for s in self.survival)
 
     @property
     def drafted_token_share(self) -> float | None:
@@ -64,18 +111,14 @@ class Acceptance:
         if field is None:
             return Acceptance(self.requests + 1, self.missing + 1, self.accepted, self.drafted,
                               self.steps, self.histogram, self.output_tokens + output_tokens)
-        hist = _int_list(field, "acceptance_histogram")
-        if self.histogram and len(hist) != len(self.histogram):
+        f = parse(field)
+        if self.histogram and len(f.histogram) != len(self.histogram):
             raise AcceptanceFieldError(
-                f"acceptance_histogram has {len(hist)} bins, earlier requests had {len(self.histogram)}")
-        summed = tuple(a + b for a, b in zip(self.histogram, hist, strict=True)) if self.histogram \
-            else tuple(hist)
-        return Acceptance(
-            self.requests + 1, self.missing,
-            self.accepted + _int(field, "num_accepted_draft_tokens"),
-            self.drafted + _int(field, "num_draft_tokens"),
-            self.steps + _int(field, "num_spec_steps"),
-            summed, self.output_tokens + output_tokens)
+                f"acceptance_histogram has {len(f.histogram)} bins, earlier requests had {len(self.histogram)}")
+        summed = tuple(a + b for a, b in zip(self.histogram, f.histogram, strict=True)) if self.histogram \
+            else f.histogram
+        return Acceptance(self.requests + 1, self.missing, self.accepted + f.accepted, self.drafted + f.drafted,
+                          self.steps + f.steps, summed, self.output_tokens + output_tokens)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -97,18 +140,20 @@ def total(responses: Iterable[Mapping[str, Any]]) -> Acceptance:
     return acc
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _int(field: Mapping[str, Any], key: str) -> int:
     value = field.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise AcceptanceFieldError(f"speculative_decoding.{key}: expected a non-negative integer, "
-                                   f"got {value!r}")
-    return value
+    if isinstance(value, int) and _count(value):
+        return value
+    raise AcceptanceFieldError(f"speculative_decoding.{key}: expected a non-negative integer, got {value!r}")
 
 
-def _int_list(field: Mapping[str, Any], key: str) -> list[int]:
-    value = field.get(key)
-    if not isinstance(value, list) or not value or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise AcceptanceFieldError(f"speculative_decoding.{key}: expected a non-empty list of "
+def _histogram(field: Mapping[str, Any]) -> tuple[int, ...]:
+    value = field.get(HISTOGRAM)
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_K + 1 or not all(_count(v) for v in value):
+        raise AcceptanceFieldError(f"speculative_decoding.{HISTOGRAM}: expected a list of 1 to {MAX_K + 1} "
                                    f"non-negative integers, got {value!r}")
-    return value
+    return tuple(value)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specwatch.exporter.labels import ERROR_OUTCOMES
+
 Severity = Literal["warning", "critical"]
 
 
@@ -145,7 +147,7 @@ class MonitoringSettings:
     baseline: str = "baseline"
     candidate: str = "candidate"
     # request outcomes that count as errors of the server (client aborts and rejections do not)
-    error_outcomes: tuple[str, ...] = ("upstream_error", "bad_response")
+    error_outcomes: tuple[str, ...] = ERROR_OUTCOMES
     alerts: Alerts = field(default_factory=Alerts)
 
     @property

@@ -30,8 +30,8 @@ def reconcile(summed: Acceptance, delta: SpecDecodeCounters) -> list[Check]:
         Check("draft tokens (D)", summed.drafted, delta.draft_tokens),
         Check("accepted tokens (C)", summed.accepted, delta.accepted),
     ]
-    positions = max(len(summed.histogram) - 1, len(delta.per_position))
-    for p in range(positions):
-        checks.append(Check(f"per_pos{{position={p}}}", sum(summed.histogram[p + 1:]),
+    survival = summed.survival  # Σ_{j>p} histogram[j], what per_pos{position=p} adds up
+    for p in range(max(len(survival), len(delta.per_position))):
+        checks.append(Check(f"per_pos{{position={p}}}", survival[p] if p < len(survival) else 0,
                             delta.per_position.get(p, 0.0)))
     return checks

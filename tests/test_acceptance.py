@@ -2,7 +2,7 @@
 
 import pytest
 
-from specwatch.acceptance import Acceptance, AcceptanceFieldError, spec_field, total
+from specwatch.acceptance import MAX_K, Acceptance, AcceptanceFieldError, parse, spec_field, survival, total
 
 
 def body(hist: list[int], drafted: int, tokens: int) -> dict:
@@ -57,3 +57,41 @@ def test_malformed_field_names_the_key(field, match):
 def test_histograms_of_different_k_do_not_mix():
     with pytest.raises(AcceptanceFieldError, match="bins"):
         total([body([1, 0, 0], 2, 3), body([1, 0, 0, 0, 0], 4, 3)])
+
+
+def field(hist: list[int], drafted: int) -> dict:
+    return body(hist, drafted, 0)["metrics"]["speculative_decoding"]
+
+
+def test_parse_reads_the_four_wire_fields_of_vllm_0_32():
+    f = parse({**field([2, 3, 1, 0, 4], 40), "draft_acceptance_rate": 0.6, "num_spec_tokens": 4})
+    assert (f.accepted, f.drafted, f.steps, f.histogram) == (3 + 2 + 16, 40, 10, (2, 3, 1, 0, 4))
+    assert f.acceptance_rate == 21 / 40
+    assert parse(field([1, 0], 0)).acceptance_rate is None  # no drafts: no rate, not 0 %
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"num_draft_tokens": True}, "num_draft_tokens"),  # a bool is not a count
+    ({"num_accepted_draft_tokens": 1.0}, "num_accepted_draft_tokens"),
+    ({"num_spec_steps": None}, "num_spec_steps"),
+    ({"acceptance_histogram": []}, "acceptance_histogram"),
+    ({"acceptance_histogram": [1, -1]}, "acceptance_histogram"),
+    ({"acceptance_histogram": [0] * (MAX_K + 2)}, "acceptance_histogram"),
+])
+def test_parse_refuses_what_vllm_does_not_send(change, match):
+    with pytest.raises(AcceptanceFieldError, match=match):
+        parse({**field([1, 0, 0], 2), **change})
+
+
+def test_parse_accepts_the_largest_k_and_refuses_a_non_object():
+    assert len(parse(field([0] * (MAX_K + 1), 0)).histogram) == MAX_K + 1
+    with pytest.raises(AcceptanceFieldError, match="expected an object"):
+        parse([1, 2, 3])  # type: ignore[arg-type]
+
+
+def test_survival_is_the_per_position_count_and_sums_linearly():
+    assert survival([2, 3, 1, 0, 4]) == (8, 5, 4, 4)
+    assert survival([7]) == ()
+    a = total([body([2, 3, 1, 0, 4], 40, 30), body([1, 1, 0, 2, 0], 20, 10)])
+    assert a.survival == tuple(x + y for x, y in zip(survival([2, 3, 1, 0, 4]), survival([1, 1, 0, 2, 0]),
+                                                     strict=True))

@@ -139,11 +139,19 @@ def test_random_task_headers_cannot_grow_the_series(tap, upstream):
     assert value(tap.url, "specwatch_requests_total", task="other") == others + 20
 
 
-def test_oversized_body_is_refused_with_413(tap):
+def test_oversized_body_is_refused_with_413_counted_and_logged_alike(tap, event_log):
+    counted = value(tap.url, "specwatch_requests_total", outcome="rejected")
+    logged = len(event_log.read_text().splitlines())
     r = requests.post(tap.url + "/v1/chat/completions", data=b"x" * (17 * 1024 * 1024),
-                      headers={"Content-Type": "application/json"}, timeout=60)
+                      headers={"Content-Type": "application/json", "X-Specwatch-Task": "chat"}, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["code"] == 413
-    assert value(tap.url, "specwatch_requests_total", outcome="rejected") >= 1
+    assert value(tap.url, "specwatch_requests_total", outcome="rejected", task="chat") >= 1
+    assert value(tap.url, "specwatch_requests_total", outcome="rejected") == counted + 1
+    # the canary's two sources agree: the event log has the same request, same labels and outcome
+    lines = [json.loads(line) for line in event_log.read_text().splitlines()]
+    assert len(lines) == logged + 1
+    assert {k: lines[-1][k] for k in ("variant", "task", "outcome", "status", "path")} == {
+        "variant": "baseline", "task": "chat", "outcome": "rejected", "status": 413, "path": "/v1/chat/completions"}
 
 
 def test_other_paths_pass_through(tap, upstream):

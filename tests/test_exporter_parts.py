@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from specwatch.exporter.classify import classify
-from specwatch.exporter.config import ConfigError, load
+from specwatch.exporter.config import YAML_KEYS, ConfigError, load
 from specwatch.exporter.eventlog import EventLog
 from specwatch.exporter.routing import Router
 from specwatch.exporter.sse import SseSplitter
@@ -47,6 +49,56 @@ def test_bad_yaml_rule_is_named(tmp_path):
     f.write_text("upstreams: {baseline: 'http://x'}\nrules: [{task: code, colour: red}]\n")
     with pytest.raises(ConfigError, match=r"rules\[0\]: unknown keys \['colour'\]"):
         load({}, f)
+
+
+@pytest.mark.parametrize("line,match", [
+    ("max_body_bytes: lots", r"max_body_bytes: expected a positive integer, got 'lots'"),
+    ("max_body_bytes: 1.5", r"max_body_bytes: expected a positive integer, got 1.5"),
+    ("event_log_max_bytes: 0", r"event_log_max_bytes: expected a positive integer, got 0"),
+    ("probe_interval_seconds: soon", r"probe_interval_seconds: expected a positive number, got 'soon'"),
+    ("upstream_timeout_seconds: -1", r"upstream_timeout_seconds: expected a positive number, got -1"),
+    ("probe_interval_seconds: .inf", r"probe_interval_seconds: expected a positive number, got inf"),
+    ("split: {baseline: half}", r"split.baseline: expected a number of percent, got 'half'"),
+    ("split: [baseline]", r"split: expected a mapping of NAME: VALUE"),
+    ("tasks: code", r"tasks: expected a list, got 'code'"),
+    ("listen_address: 9400", r"listen_address: expected a string, got 9400"),
+    ("rules: [code]", r"rules\[0\]: expected a mapping"),
+])
+def test_bad_yaml_values_name_the_key_and_what_was_expected(tmp_path, line, match):
+    f = tmp_path / "x.yaml"
+    f.write_text(f"upstreams: {{baseline: 'http://x'}}\n{line}\n")
+    with pytest.raises(ConfigError, match=match):
+        load({}, f)
+
+
+def test_unknown_yaml_keys_are_refused_with_the_known_ones(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("upstreams: {baseline: 'http://x'}\nprobe_interval: 5\nlisten: ':9400'\n")
+    with pytest.raises(ConfigError, match="unknown keys listen, probe_interval; known keys: upstreams, ") as err:
+        load({}, f)
+    assert all(key in str(err.value) for key in YAML_KEYS)
+
+
+def test_numbers_in_yaml_are_read_as_given(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("upstreams: {baseline: 'http://x'}\nmax_body_bytes: 1024\nprobe_interval_seconds: 0.5\n")
+    cfg = load({}, f)
+    assert (cfg.max_body_bytes, cfg.probe_interval_seconds, cfg.upstream_timeout_seconds) == (1024, 0.5, 600.0)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("upstreams: {baseline: 'http://x'}\nmax_body_bytes: lots\n",
+     "max_body_bytes: expected a positive integer, got 'lots'"),
+    ("upstreams: {baseline: 'http://x'}\nprobe_intervall: 5\n", "unknown key probe_intervall; known keys: "),
+])
+def test_a_bad_config_file_exits_2_with_the_key_and_no_traceback(tmp_path, text, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "specwatch.cli", "exporter", "--config.file", str(f)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()  # one message, as for every other configuration error
+    assert line.startswith(f"specwatch exporter: --config.file {f}: {message}")
 
 
 def test_classification_header_rules_and_other():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +20,10 @@ from specwatch.canary.samples import Data, from_event_log, from_prometheus, pars
 from specwatch.canary.watch import AdminError, push_verdict, watch
 from specwatch.config import Home
 from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
+from specwatch.exporter.labels import NAME_PATTERN
 
 EXIT_PASS, EXIT_ERROR, EXIT_USAGE, EXIT_FAIL, EXIT_MARGINAL, EXIT_INSUFFICIENT = 0, 1, 2, 3, 4, 5
 EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_FAIL, "marginal": EXIT_MARGINAL, "insufficient": EXIT_INSUFFICIENT}
-_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")  # the exporter's variant and task names
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ def run(home: Home, args: argparse.Namespace) -> int:
     if not args.prometheus and not args.event_log:
         return _usage("give --prometheus URL and/or --event-log FILE")
     for name in (args.baseline, args.candidate, *args.task):
-        if not _NAME.match(name):
+        if not NAME_PATTERN.match(name):
             return _usage(f"{name!r}: expected a variant / task name (lowercase letters, digits, '-', '_')")
     if args.baseline == args.candidate:
         return _usage("--baseline and --candidate must differ")

@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 import requests
 
+from specwatch.exporter.labels import ERROR_OUTCOMES
 from specwatch.monitoring import MONITORING
 
 Scale = Literal["ratio", "difference", "proportion", "share"]
-ERROR_OUTCOMES = frozenset(MONITORING.error_outcomes)  # as the `specwatch_error` rule
 
 
 @dataclass(frozen=True)

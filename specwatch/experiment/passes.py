@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from specwatch.acceptance import spec_field
+from specwatch.acceptance import Acceptance, AcceptanceFieldError, spec_field
 from specwatch.chat_client import run_chat
 from specwatch.experiment.layout import VariantFolder, write_text
 from specwatch.experiment.plan import AcceptancePass, PerformancePass
@@ -60,40 +60,31 @@ def performance_pass(url: str, workloads: Mapping[str, Path], folder: VariantFol
 
 # -- reconciliation ---------------------------------------------------------------------------------
 
-def per_request_fields(folder: VariantFolder) -> tuple[list[Mapping[str, Any] | None], list[str]]:
-    """Every request's spec field (None where absent) sent between the snapshots, and which files they came from."""
-    fields: list[Mapping[str, Any] | None] = []
+def per_request_sums(folder: VariantFolder) -> tuple[Acceptance, list[str]]:
+    """The spec fields of every request sent between the snapshots, summed, and the files they came from.
+
+    A malformed field is an AcceptanceFieldError naming the file and line."""
+    summed = Acceptance()
     sources: list[str] = []
     for path in sorted((folder.root / "acceptance").glob("*.jsonl")) + sorted(
             (folder.root / "perf").glob("c*/requests.jsonl")):
-        sources.append(str(path.relative_to(folder.root)))
-        for line in path.read_text().splitlines():
+        source = str(path.relative_to(folder.root))
+        sources.append(source)
+        for number, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
-                fields.append(json.loads(line).get("spec"))
-    return fields, sources
-
-
-def sums(fields: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
-    c = d = r = 0
-    per_position: list[int] = []
-    for f in fields:
-        if f is None:
-            continue
-        c += int(f["num_accepted_draft_tokens"])
-        d += int(f["num_draft_tokens"])
-        r += int(f["num_spec_steps"])
-        hist = [int(x) for x in f["acceptance_histogram"]]
-        survival = [sum(hist[p + 1:]) for p in range(len(hist) - 1)]  # steps that accepted at least p + 1
-        per_position += [0] * (len(survival) - len(per_position))
-        for p, s in enumerate(survival):
-            per_position[p] += s
-    return {"C": c, "D": d, "R": r, "per_position": per_position,
-            "requests": len(fields), "missing_field": sum(1 for f in fields if f is None)}
+                try:
+                    summed = summed.add(json.loads(line).get("spec"), 0)
+                except AcceptanceFieldError as exc:
+                    raise AcceptanceFieldError(f"{source} line {number}: {exc}") from None
+    return summed, sources
 
 
 def reconcile(difference: Difference, folder: VariantFolder, speculative: bool) -> dict[str, Any]:
-    fields, sources = per_request_fields(folder)
-    per_request = sums(fields)
+    summed, sources = per_request_sums(folder)
+    per_request: dict[str, Any] = {
+        "C": summed.accepted, "D": summed.drafted, "R": summed.steps,
+        "per_position": list(summed.survival),  # steps that accepted at least p + 1
+        "requests": summed.requests, "missing_field": summed.missing}
     server: dict[str, Any] | None = None
     if difference.server is not None:
         s = difference.server

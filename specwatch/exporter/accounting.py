@@ -1,24 +1,26 @@
 """Per-request accounting for the tap: what one response said about speculation and latency.
 
-A `RequestRecord` collects, while the response passes through, the timestamps of the
-token-carrying chunks, the usage, `metrics.speculative_decoding`, the finish reasons and a
-hash of the output text. `account()` turns a finished record into counter increments and
-an event-log line. Decode steps are derived as completion tokens - 1 - C (the first token
-comes from prefill, every decode step emits 1 + its accepted drafts), never less than R:
-exact unless max_tokens cut the last step's accepted drafts (then low by at most k).
+A `RequestRecord` collects, while the response passes through, the time of the first and the
+last token-carrying chunk (observing each inter-chunk gap as ITL on the way), the usage,
+`metrics.speculative_decoding`, the finish reasons and a hash of the output text.
+`account()` turns a finished record into counter increments and histogram observations,
+parsing the spec-decode field with `specwatch.acceptance.parse`; `RequestRecord.event()` is
+its event-log line, which the tap writes. Decode steps are derived as completion tokens - 1 - C
+(the first token comes from prefill, every decode step emits 1 + its accepted drafts), never
+less than R: exact unless max_tokens or an EOS cut the last step's accepted drafts (then low
+by at most k).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specwatch.acceptance import AcceptanceFieldError, spec_field
+from specwatch.acceptance import ACCEPTED, DRAFTED, HISTOGRAM, STEPS, AcceptanceFieldError, parse, spec_field, survival
 from specwatch.exporter.metrics import ExporterMetrics
-
-MAX_K = 64
 
 
 @dataclass
@@ -33,7 +35,6 @@ class RequestRecord:
     start: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     last_token: float | None = None
-    token_chunks: int = 0
     usage: dict[str, Any] | None = None
     spec: dict[str, Any] | None = None
     finish_reasons: list[str] = field(default_factory=list)
@@ -42,6 +43,7 @@ class RequestRecord:
     status: int | None = None
     end: float | None = None
     accounted: bool = False
+    ended: asyncio.Future[None] | None = None  # resolved when accounted; only where a mirror waits for it
     _itl: Any = None  # the ITL histogram child, looked up once per request (hot path)
 
     def saw_tokens(self, text: bytes, now: float, metrics: ExporterMetrics) -> None:
@@ -54,7 +56,6 @@ class RequestRecord:
                 self._itl = metrics.itl.labels(self.variant, self.task)
             self._itl.observe(now - (self.last_token or now))
         self.last_token = now
-        self.token_chunks += 1
 
     def saw_final(self, obj: dict[str, Any]) -> None:
         """The object with usage (a JSON body or the usage chunk)."""
@@ -88,8 +89,7 @@ class RequestRecord:
             "ttft_s": None if self.first_token is None else self.first_token - self.start,
             "tpot_s": self.tpot(), "e2e_s": end - self.start,
             "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
-            "C": spec.get("num_accepted_draft_tokens"), "D": spec.get("num_draft_tokens"),
-            "R": spec.get("num_spec_steps"), "histogram": spec.get("acceptance_histogram"),
+            "C": spec.get(ACCEPTED), "D": spec.get(DRAFTED), "R": spec.get(STEPS), "histogram": spec.get(HISTOGRAM),
             "finish_reasons": self.finish_reasons, "output_sha256": self.output.hexdigest(),
         }
 
@@ -105,13 +105,6 @@ def utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-def _int(spec: dict[str, Any], key: str) -> int:
-    value = spec.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise AcceptanceFieldError(f"speculative_decoding.{key}: expected a non-negative integer, got {value!r}")
-    return value
-
-
 def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
     """Count a finished request. A malformed field makes the outcome bad_response; nothing raises."""
     v, t = record.variant, record.task
@@ -119,15 +112,11 @@ def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
     c = r = 0
     if record.outcome == "ok" and record.spec is not None:
         try:
-            hist = record.spec.get("acceptance_histogram")
-            if not isinstance(hist, list) or not 1 <= len(hist) <= MAX_K + 1 or not all(
-                    isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hist):
-                raise AcceptanceFieldError(f"acceptance_histogram: expected a short list of counts, got {hist!r}")
-            c, d, r = (_int(record.spec, k) for k in ("num_accepted_draft_tokens", "num_draft_tokens",
-                                                       "num_spec_steps"))
+            fields = parse(record.spec)
         except AcceptanceFieldError:
             record.outcome = "bad_response"
         else:
+            c, d, r, hist = fields.accepted, fields.drafted, fields.steps, fields.histogram
             metrics.ensure_positions(v, t, len(hist) - 1)
             metrics.steps.labels(v, t).inc(r)
             metrics.draft_tokens.labels(v, t).inc(d)
@@ -135,12 +124,11 @@ def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
             for accepted, steps in enumerate(hist):
                 if steps:
                     metrics.by_accepted.labels(v, t, str(accepted)).inc(steps)
-            for p in range(len(hist) - 1):
-                survivors = sum(hist[p + 1:])
+            for p, survivors in enumerate(survival(hist)):
                 if survivors:
                     metrics.per_pos.labels(v, t, str(p)).inc(survivors)
-            if d > 0:
-                metrics.request_rate.labels(v, t).observe(c / d)
+            if fields.acceptance_rate is not None:
+                metrics.request_acceptance_rate.labels(v, t).observe(fields.acceptance_rate)
     if record.outcome == "ok":
         if record.spec is None and record.single:
             metrics.missing.labels(v, t).inc()

@@ -1,12 +1,15 @@
 """The exporter's configuration: flags and YAML in, one validated frozen `ExporterConfig` out.
 
-Flags win over the YAML file. Errors name the input and what was expected.
+Flags win over the YAML file (`--upstream` and `--split` add to or replace its entries). Every
+setting is checked for its type and range, an unknown YAML key is refused, and each error is a
+`ConfigError` that names the flag or key and what was expected.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,9 +17,10 @@ from urllib.parse import urlparse
 
 import yaml
 
+from specwatch.exporter.labels import NAME_PATTERN
+
 DEFAULT_TASKS = ("code", "chat")
 OTHER = "other"
-_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 # The article's workloads: code-edit prompts carry a source with `def`; everything else is chat.
 DEFAULT_RULES: tuple[dict[str, str], ...] = (
     {"task": "code", "message_regex": r"(?m)^\s*(def |class |import |from \S+ import |```)"},
@@ -83,14 +87,19 @@ def _pair(value: str, flag: str) -> tuple[str, str]:
     return name, rest
 
 
-def _rule(raw: Mapping[str, Any], where: str) -> TaskRule:
+def _rule(raw: Any, where: str) -> TaskRule:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping (task, path, model, header, header_regex, message_regex)")
     unknown = set(raw) - {"task", "path", "model", "header", "header_regex", "message_regex"}
     if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; expected task, path, model, header, "
+        raise ConfigError(f"{where}: unknown keys {sorted(map(str, unknown))}; expected task, path, model, header, "
                           "header_regex, message_regex")
     task = raw.get("task")
     if not isinstance(task, str):
         raise ConfigError(f"{where}: `task` must be a string")
+    for key in ("path", "model", "header", "header_regex", "message_regex"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ConfigError(f"{where}: `{key}` must be a string, got {raw[key]!r}")
     try:
         message = re.compile(raw["message_regex"]) if raw.get("message_regex") else None
         header = (str(raw["header"]).lower(), re.compile(str(raw.get("header_regex", ".")))) if raw.get(
@@ -100,31 +109,90 @@ def _rule(raw: Mapping[str, Any], where: str) -> TaskRule:
     return TaskRule(task, raw.get("path"), raw.get("model"), header, message)
 
 
-def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
-    """Build the config from parsed flags (`upstream`, `split`, `mirror`, `listen`, ...) and the YAML file."""
-    doc: dict[str, Any] = {}
-    if file is not None:
+# The keys of the YAML file (examples/exporter.yaml shows each); any other key is an error.
+YAML_KEYS = ("upstreams", "split", "mirror", "sticky_header", "listen_address", "tasks", "rules", "event_log",
+             "event_log_max_bytes", "max_body_bytes", "probe_interval_seconds", "upstream_timeout_seconds",
+             "admin_token_env")
+
+
+class _Yaml:
+    """The YAML file's settings, read with their types checked; errors name the file and the key."""
+
+    def __init__(self, file: Path | None) -> None:
+        self.where = f"--config.file {file}"
+        self.doc: dict[Any, Any] = {}
+        if file is None:
+            return
         try:
             loaded = yaml.safe_load(file.read_text())
         except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"--config.file {file}: {exc}") from None
+            raise ConfigError(f"{self.where}: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"--config.file {file}: expected a mapping at the top level")
-        doc = loaded or {}
-    upstreams: dict[str, str] = dict(doc.get("upstreams") or {})
+            raise ConfigError(f"{self.where}: expected a mapping at the top level")
+        self.doc = loaded or {}
+        unknown = sorted(str(k) for k in self.doc if k not in YAML_KEYS)
+        if unknown:
+            raise ConfigError(f"{self.where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                              f"known keys: {', '.join(YAML_KEYS)}")
+
+    def _fail(self, key: str, expected: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {key}: expected {expected}, got {self.doc[key]!r}")
+
+    def text(self, key: str) -> str | None:
+        value = self.doc.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self._fail(key, "a string")
+        return value or None
+
+    def mapping(self, key: str) -> dict[Any, Any]:
+        value = self.doc.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise self._fail(key, "a mapping of NAME: VALUE")
+        return dict(value or {})
+
+    def sequence(self, key: str) -> list[Any] | None:
+        value = self.doc.get(key)
+        if value is not None and not isinstance(value, list):
+            raise self._fail(key, "a list")
+        return value or None
+
+    def number(self, key: str, default: float, *, integer: bool = False) -> float:
+        """A positive number (an integer where `integer`), or `default` where the key is absent."""
+        if key not in self.doc:
+            return default
+        value = self.doc[key]
+        valid = isinstance(value, int) if integer else isinstance(value, int | float)
+        if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:
+            raise self._fail(key, "a positive integer" if integer else "a positive number")
+        return value
+
+    def percent(self, key: str, name: Any, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{self.where}: {key}.{name}: expected a number of percent, got {value!r}")
+        return float(value)
+
+
+def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
+    """Build the config from parsed flags (`upstream`, `split`, `mirror`, `listen`, ...) and the YAML file."""
+    doc = _Yaml(file)
+    upstreams: dict[str, str] = {}
+    for name, url in doc.mapping("upstreams").items():
+        if not isinstance(name, str) or not isinstance(url, str):
+            raise ConfigError(f"{doc.where}: upstreams.{name}: expected NAME: URL strings, got {url!r}")
+        upstreams[name] = url
     for item in flags.get("upstream") or ():
         name, url = _pair(item, "--upstream")
         upstreams[name] = url
     if not upstreams:
         raise ConfigError("no upstream: give --upstream NAME=URL (e.g. baseline=http://127.0.0.1:8000)")
     for name, url in upstreams.items():
-        if not _NAME.match(name):
+        if not NAME_PATTERN.match(name):
             raise ConfigError(f"upstream name {name!r}: expected lowercase letters, digits, '-' or '_' (max 32)")
         parsed = urlparse(str(url))
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConfigError(f"upstream {name}={url!r}: expected an http(s) URL")
         upstreams[name] = str(url).rstrip("/")
-    split = {str(k): float(v) for k, v in (doc.get("split") or {}).items()}
+    split = {str(k): doc.percent("split", k, v) for k, v in doc.mapping("split").items()}
     for item in flags.get("split") or ():
         name, weight = _pair(item, "--split")
         try:
@@ -138,32 +206,32 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
             raise ConfigError(f"split {name}={pct}: expected a percentage in 0..100")
     if sum(split.values()) > 100:
         raise ConfigError(f"split weights add up to {sum(split.values())} %: at most 100")
-    mirror = flags.get("mirror") or doc.get("mirror")
+    mirror = flags.get("mirror") or doc.text("mirror")
     if mirror is not None and mirror not in upstreams:
         raise ConfigError(f"--mirror {mirror}: no such upstream; known: {sorted(upstreams)}")
     if mirror is not None and mirror == next(iter(upstreams)):
         raise ConfigError(f"--mirror {mirror}: the mirror must differ from the primary route")
-    tasks = tuple(doc.get("tasks") or DEFAULT_TASKS)
+    tasks = tuple(doc.sequence("tasks") or DEFAULT_TASKS)
     for t in tasks:
-        if not isinstance(t, str) or not _NAME.match(t) or t == OTHER:
+        if not isinstance(t, str) or not NAME_PATTERN.match(t) or t == OTHER:
             raise ConfigError(f"task {t!r}: expected a lowercase name other than {OTHER!r}")
-    raw_rules: Sequence[Mapping[str, Any]] = doc.get("rules") or DEFAULT_RULES
+    raw_rules = doc.sequence("rules") or DEFAULT_RULES
     rules = tuple(_rule(r, f"rules[{i}]") for i, r in enumerate(raw_rules))
     for r in rules:
         if r.task not in tasks:
             raise ConfigError(f"rule for task {r.task!r}: not among the configured tasks {list(tasks)}")
-    host, port = _listen(flags.get("listen") or doc.get("listen_address") or "127.0.0.1:9400")
-    event_log = flags.get("event_log") or doc.get("event_log")
-    admin_token_env = flags.get("admin_token_env") or doc.get("admin_token_env")
+    host, port = _listen(flags.get("listen") or doc.text("listen_address") or "127.0.0.1:9400")
+    event_log = flags.get("event_log") or doc.text("event_log")
+    admin_token_env = flags.get("admin_token_env") or doc.text("admin_token_env")
     if admin_token_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(admin_token_env)):
         raise ConfigError(f"--admin-token-env {admin_token_env!r}: expected an environment variable name")
     return ExporterConfig(
         upstreams=upstreams, split=split, mirror=mirror,
-        sticky_header=(flags.get("sticky_header") or doc.get("sticky_header") or None),
+        sticky_header=(flags.get("sticky_header") or doc.text("sticky_header")),
         listen_host=host, listen_port=port, tasks=tasks, rules=rules,
-        max_body_bytes=int(doc.get("max_body_bytes", 16 * 1024 * 1024)),
-        probe_interval_seconds=float(doc.get("probe_interval_seconds", 5.0)),
-        upstream_timeout_seconds=float(doc.get("upstream_timeout_seconds", 600.0)),
+        max_body_bytes=int(doc.number("max_body_bytes", 16 * 1024 * 1024, integer=True)),
+        probe_interval_seconds=float(doc.number("probe_interval_seconds", 5.0)),
+        upstream_timeout_seconds=float(doc.number("upstream_timeout_seconds", 600.0)),
         event_log=Path(event_log) if event_log else None,
-        event_log_max_bytes=int(doc.get("event_log_max_bytes", 64 * 1024 * 1024)),
+        event_log_max_bytes=int(doc.number("event_log_max_bytes", 64 * 1024 * 1024, integer=True)),
         admin_token_env=str(admin_token_env) if admin_token_env else None)

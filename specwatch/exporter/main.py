@@ -1,18 +1,13 @@
 """`specwatch exporter`: flags in, the tap served (its own /metrics and /healthz, every other path proxied).
 
-With `--admin-token-env NAME` (and a non-empty `$NAME`), `POST /admin/weights` (JSON
-`{"candidate": 0}`: percent per variant) changes the split and `POST /admin/verdict` (JSON
-`{"tasks": {"code": {"verdict": "fail", "score": 40}}}`) sets `specwatch_canary_verdict`, both
-with `Authorization: Bearer <token>`; a wrong token is 401. Without a token every `/admin/`
-path is 404 (never proxied). The token is never logged.
+The admin API (`/admin/`, with `--admin-token-env`) is `specwatch.exporter.admin`; `/healthz` and
+the upstream probe are `specwatch.exporter.health`. A configuration error exits 2 with its message.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
-import json
 import logging
 import os
 import signal
@@ -20,15 +15,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import aiohttp
 import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from specwatch.exporter import config as config_mod
+from specwatch.exporter.admin import Admin
 from specwatch.exporter.config import ConfigError, ExporterConfig
 from specwatch.exporter.eventlog import EventLog
-from specwatch.exporter.metrics import CANARY_VERDICTS, ExporterMetrics
+from specwatch.exporter.health import UpstreamProbe, healthz
+from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.routing import Router
 from specwatch.exporter.tap import Tap
 
@@ -51,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 class Exporter:
-    """The running tap: the aiohttp app, the upstream probe, the registry."""
+    """The running tap: the aiohttp app wiring the proxy, `/metrics`, health and the admin API."""
 
     def __init__(self, cfg: ExporterConfig, admin_token: str = "") -> None:
         self.cfg = cfg
@@ -60,18 +56,14 @@ class Exporter:
         self.router = Router(cfg)
         self.event_log = EventLog(cfg.event_log, cfg.event_log_max_bytes) if cfg.event_log else None
         self.tap = Tap(cfg, self.metrics, self.router, self.event_log)
-        self._probe: asyncio.Task[None] | None = None
-        self._admin_token = admin_token
-        if cfg.admin_token_env and not self._admin_token:
-            log.warning("--admin-token-env %s: the variable is empty or unset; /admin/ is disabled",
-                        cfg.admin_token_env)
+        self.probe = UpstreamProbe(cfg, self.metrics)
+        self.admin = Admin(cfg, self.router, self.metrics, admin_token)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.max_body_bytes)
         app.router.add_get("/metrics", self.metrics_handler)
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_route("*", "/admin", self.admin)  # before the proxy: /admin is never forwarded
-        app.router.add_route("*", "/admin/{tail:.*}", self.admin)
+        app.router.add_get("/healthz", healthz)
+        self.admin.add_routes(app)  # before the proxy: /admin is never forwarded
         app.router.add_route("*", "/{tail:.*}", self.tap.handle)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -82,91 +74,16 @@ class Exporter:
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def admin(self, request: web.Request) -> web.Response:
-        if not self._admin_token:
-            raise web.HTTPNotFound()
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self._admin_token}".encode()):
-            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": "Bearer"})
-        action = request.match_info.get("tail", "")
-        if action not in ("weights", "verdict"):
-            raise web.HTTPNotFound()
-        if request.method == "GET" and action == "weights":
-            return web.json_response({"weights": self.router.weights})
-        if request.method != "POST":
-            raise web.HTTPMethodNotAllowed(request.method, ["POST"])
-        try:
-            body = json.loads(await request.read())
-            if not isinstance(body, dict):
-                raise ValueError("expected a JSON object")
-            result = self._set_weights(body) if action == "weights" else self._set_verdict(body)
-        except ValueError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        log.info("admin: %s set to %s", action, json.dumps(result))
-        return web.json_response({action: result})
-
-    def _set_weights(self, body: dict[str, object]) -> dict[str, float]:
-        weights = dict(self.router.weights)
-        for name, pct in body.items():
-            if name not in self.cfg.upstreams:
-                raise ValueError(f"{name!r}: no such upstream; known: {sorted(self.cfg.upstreams)}")
-            if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0 <= pct <= 100:
-                raise ValueError(f"{name}: expected a percentage in 0..100, got {pct!r}")
-            weights[name] = float(pct)
-        if sum(weights.values()) > 100:
-            raise ValueError(f"weights {weights} add up to more than 100 %")
-        self.router.weights.update(weights)  # the router reads it on the next request
-        return self.router.weights
-
-    def _set_verdict(self, body: dict[str, object]) -> dict[str, object]:
-        tasks = body.get("tasks")
-        if not isinstance(tasks, dict):
-            raise ValueError('expected {"tasks": {TASK: {"verdict": ..., "score": ...}}}')
-        for task, item in tasks.items():
-            if task not in self.cfg.task_labels or not isinstance(item, dict):
-                raise ValueError(f"task {task!r}: expected one of {list(self.cfg.task_labels)} with an object")
-            if item.get("verdict") not in CANARY_VERDICTS:
-                raise ValueError(f"{task}: verdict must be one of {', '.join(CANARY_VERDICTS)}")
-            score = item.get("score")
-            if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
-                raise ValueError(f"{task}: score must be a number or null")
-        for task, item in tasks.items():
-            for verdict in CANARY_VERDICTS:
-                self.metrics.canary_verdict.labels(task, verdict).set(1 if item["verdict"] == verdict else 0)
-            if item.get("score") is not None:
-                self.metrics.canary_score.labels(task).set(float(item["score"]))
-        return tasks
-
     async def _on_startup(self, app: web.Application) -> None:
         await self.tap.start()
-        self._probe = asyncio.create_task(self.probe_forever())
+        assert self.tap.session is not None
+        self.probe.start(self.tap.session)
 
     async def _on_cleanup(self, app: web.Application) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
+        self.probe.stop()
         await self.tap.close()
         if self.event_log is not None:
             self.event_log.close()
-
-    async def probe_once(self) -> None:
-        assert self.tap.session is not None
-        for variant, url in self.cfg.upstreams.items():
-            try:
-                async with self.tap.session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                    up = r.status == 200
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                up = False
-            self.metrics.upstream_up.labels(variant).set(1 if up else 0)
-            if not up:
-                self.metrics.probe_errors.labels(variant).inc()
-
-    async def probe_forever(self) -> None:
-        while True:
-            await self.probe_once()
-            await asyncio.sleep(self.cfg.probe_interval_seconds)
 
 
 async def serve(cfg: ExporterConfig, admin_token: str = "") -> None:

@@ -1,8 +1,11 @@
 """The exporter's own families (a public contract: dashboards and rules use these names).
 
-All carry `variant` and `task` (except `specwatch_upstream_up{variant}`); counters end in
-`_total`; the registry is passed in. Children for every configured variant and task, every
-outcome and (once k is known) every position are created up front so series exist at 0.
+The request families carry `variant` and `task`; the upstream probe's (`specwatch_upstream_up`,
+`specwatch_upstream_probe_errors_total`) carry `variant` only, the canary's
+(`specwatch_canary_verdict{task,verdict}`, `specwatch_canary_score{task}`) `task` and no variant.
+Counters end in `_total`; the registry is passed in. Children for every configured variant and
+task, every outcome, every canary verdict and (once k is known) every position are created up
+front so series exist at 0.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from specwatch.exporter.config import ExporterConfig
+from specwatch.exporter.labels import OUTCOMES
 
-OUTCOMES = ("ok", "upstream_error", "bad_response", "client_abort", "rejected")
 # Fine enough for millisecond TPOT / ITL on a GPU and for seconds of TTFT under load.
 LATENCY_BUCKETS = (0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01, 0.0125, 0.015, 0.02,
                    0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -55,9 +58,9 @@ class ExporterMetrics:
                              buckets=LATENCY_BUCKETS, registry=registry)
         self.e2e = Histogram("specwatch_e2e_seconds", "Request start to the end of the response, at the tap.", vt,
                              buckets=E2E_BUCKETS, registry=registry)
-        self.request_rate = Histogram("specwatch_request_acceptance_rate",
-                                      "Per-request draft acceptance rate C / D (requests with D > 0).", vt,
-                                      buckets=RATE_BUCKETS, registry=registry)
+        self.request_acceptance_rate = Histogram("specwatch_request_acceptance_rate",
+                                                 "Per-request draft acceptance rate C / D (requests with D > 0).",
+                                                 vt, buckets=RATE_BUCKETS, registry=registry)
         self.upstream_up = Gauge("specwatch_upstream_up", "1 when the upstream answered its last health probe.",
                                  ["variant"], registry=registry)
         self.probe_errors = Counter("specwatch_upstream_probe_errors", "Failed upstream health probes.",
@@ -82,15 +85,15 @@ class ExporterMetrics:
                     self.requests.labels(variant, task, outcome)
                 for family in (self.missing, self.steps, self.draft_tokens, self.accepted, self.decode_steps,
                                self.prompt_tokens, self.completion_tokens, self.ttft, self.tpot, self.itl, self.e2e,
-                               self.request_rate):
+                               self.request_acceptance_rate):
                     family.labels(variant, task)
                 if variant == cfg.mirror:
                     for result in ("identical", "different"):
                         self.mirror_outputs.labels(variant, task, result)
 
     def ensure_positions(self, variant: str, task: str, k: int) -> None:
-        """Pre-create position and histogram children once a variant's k is known."""
-        if (variant, task, k) in self._k_seen or k > 64:
+        """Pre-create position and histogram children once a variant's k is known (at most MAX_K: parse checks)."""
+        if (variant, task, k) in self._k_seen:
             return
         self._k_seen.add((variant, task, k))
         for p in range(k):

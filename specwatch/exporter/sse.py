@@ -41,11 +41,6 @@ class SseSplitter:
         self._buffer = b""
         self.max_event_bytes = max_event_bytes
 
-    @property
-    def pending(self) -> int:
-        """Bytes received but not yet part of a complete event."""
-        return len(self._buffer)
-
     def feed(self, chunk: bytes) -> list[Event]:
         buf = self._buffer + chunk if self._buffer else chunk
         crlf = b"\r" in buf  # the CRLF CRLF search only where a CR can be

@@ -114,8 +114,7 @@ class Tap:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            task = classify(self.cfg, request.path, request.headers, None)
-            self.metrics.requests.labels(self.router.route(request.headers), task, "rejected").inc()
+            self._account(self._rejected(request, 413))  # counted and logged on any path: nothing was forwarded
             return error_response(413, f"request body larger than {self.cfg.max_body_bytes} bytes",
                                   "RequestEntityTooLarge")
         plan = plan_request(request.path, raw, request.content_type)
@@ -140,9 +139,21 @@ class Tap:
             path=request.path, stream=plan.stream, greedy=parsed.get("temperature") == 0,
             single=plan.parsed is not None and single)
 
+    def _rejected(self, request: web.Request, status: int) -> RequestRecord:
+        """A request refused before its body was read: classified by path and headers only."""
+        task = classify(self.cfg, request.path, request.headers, None)
+        return RequestRecord(
+            request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8),
+            variant=self.router.route(request.headers), task=task, path=request.path, stream=False, greedy=False,
+            single=False, outcome="rejected", status=status)
+
     def _finish(self, record: RequestRecord) -> None:
         if record.accounted or record.path not in GENERATION_PATHS:
             return  # counted already; or models, tokenize, ...: forwarded, not accounted
+        self._account(record)
+
+    def _account(self, record: RequestRecord) -> None:
+        """Counters and the event-log line, once per record."""
         record.accounted = True
         account(record, self.metrics)
         if self.event_log is not None:
@@ -150,6 +161,8 @@ class Tap:
                 self.event_log.write(record.event())
             except OSError:
                 log.exception("event log write failed")
+        if record.ended is not None and not record.ended.done():
+            record.ended.set_result(None)
 
     async def _exchange(self, request: web.Request, plan: _Plan, record: RequestRecord,
                         client: web.Request | None) -> web.StreamResponse:
@@ -295,6 +308,7 @@ class Tap:
             record.outcome = "rejected"
             self._finish(record)
             return
+        primary_ended = primary.ended = asyncio.get_running_loop().create_future()
 
         async def run() -> None:
             async with self._mirrors:
@@ -305,8 +319,7 @@ class Tap:
                         record.outcome = "upstream_error"
                 finally:
                     self._finish(record)
-                while primary.end is None:
-                    await asyncio.sleep(0.01)
+                await primary_ended  # the primary is accounted: its output hash is final
                 if record.greedy and record.outcome == "ok" and primary.outcome == "ok":
                     same = record.output.hexdigest() == primary.output.hexdigest()
                     self.metrics.mirror_outputs.labels(mirror, task, "identical" if same else "different").inc()

@@ -22,7 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from specwatch import resources
-from specwatch.exporter.metrics import OUTCOMES
+from specwatch.exporter.labels import OUTCOMES
 from specwatch.generated import write_or_check
 from specwatch.monitoring import MONITORING as S
 from specwatch.promconfig import rules as R
