@@ -56,7 +56,7 @@ def _forward_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMul
 
 
 @dataclass
-class _Plan:
+class UpstreamRequest:
     """What to send upstream and how to treat the answer."""
 
     body: bytes
@@ -65,7 +65,7 @@ class _Plan:
     strip_usage: bool  # the tap added include_usage: remove the usage chunk before the client sees it
 
 
-def plan_request(path: str, raw: bytes, content_type: str) -> _Plan:
+def plan_request(path: str, raw: bytes, content_type: str) -> UpstreamRequest:
     parsed: dict[str, Any] | None = None
     if path in GENERATION_PATHS and "json" in content_type:
         try:
@@ -74,14 +74,14 @@ def plan_request(path: str, raw: bytes, content_type: str) -> _Plan:
             value = None
         parsed = value if isinstance(value, dict) else None
     if parsed is None:
-        return _Plan(raw, None, False, False)
+        return UpstreamRequest(raw, None, False, False)
     stream = parsed.get("stream") is True
     options = parsed.get("stream_options")
     if stream and not (isinstance(options, dict) and options.get("include_usage") is True):
         patched = dict(parsed)
         patched["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        return _Plan(json.dumps(patched).encode(), parsed, True, True)
-    return _Plan(raw, parsed, stream, False)
+        return UpstreamRequest(json.dumps(patched).encode(), parsed, True, True)
+    return UpstreamRequest(raw, parsed, stream, False)
 
 
 def _stamp_fingerprint(raw: bytes, fingerprint: str) -> bytes:
@@ -129,7 +129,7 @@ class Tap:
         finally:
             self._finish(record)
 
-    def _record(self, request: web.Request, plan: _Plan, variant: str, task: str) -> RequestRecord:
+    def _record(self, request: web.Request, plan: UpstreamRequest, variant: str, task: str) -> RequestRecord:
         parsed = plan.parsed or {}
         prompt = parsed.get("prompt")
         single = parsed.get("n", 1) in (1, None) and not (isinstance(prompt, list) and len(prompt) > 1
@@ -164,7 +164,7 @@ class Tap:
         if record.ended is not None and not record.ended.done():
             record.ended.set_result(None)
 
-    async def _exchange(self, request: web.Request, plan: _Plan, record: RequestRecord,
+    async def _exchange(self, request: web.Request, plan: UpstreamRequest, record: RequestRecord,
                         client: web.Request | None) -> web.StreamResponse:
         """Send the request to the record's variant; relay to `client` (None: a mirror, discard)."""
         assert self.session is not None
@@ -185,7 +185,7 @@ class Tap:
             record.outcome = "client_abort"
             raise
 
-    async def _relay(self, upstream: aiohttp.ClientResponse, plan: _Plan, record: RequestRecord,
+    async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
                      client: web.Request | None) -> web.StreamResponse:
         headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
@@ -229,7 +229,7 @@ class Tap:
             except (ValueError, UnicodeDecodeError):
                 record.outcome = "bad_response"
 
-    async def _relay_sse(self, upstream: aiohttp.ClientResponse, plan: _Plan, record: RequestRecord,
+    async def _relay_sse(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
                          send: Any) -> None:
         """Relay event by event; the events of one upstream read go out in one write, unchanged ones as is."""
         splitter = SseSplitter()
@@ -299,7 +299,7 @@ class Tap:
             record.outcome = "bad_response"
 
     # -- mirror ---------------------------------------------------------------------------
-    def _start_mirror(self, request: web.Request, plan: _Plan, task: str, primary: RequestRecord) -> None:
+    def _start_mirror(self, request: web.Request, plan: UpstreamRequest, task: str, primary: RequestRecord) -> None:
         mirror = self.cfg.mirror
         assert mirror is not None
         record = RequestRecord(request_id=primary.request_id, variant=mirror, task=task, path=request.path,

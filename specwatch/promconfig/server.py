@@ -21,9 +21,10 @@ import requests
 import yaml
 
 from specwatch import resources
+from specwatch.monitoring import MONITORING
 from specwatch.supervisor import Supervisor
 
-VLLM_JOB, EXPORTER_JOB = "vllm", "specwatch-exporter"
+VLLM_JOB, EXPORTER_JOB = MONITORING.jobs.vllm, MONITORING.jobs.exporter  # the job names prometheus.yml uses
 
 
 class PrometheusError(RuntimeError):
