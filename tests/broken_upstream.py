@@ -2,12 +2,17 @@
 
 Non-streaming chat answers 200 with invalid JSON; streaming chat answers an SSE stream whose
 second event is not JSON and which never sends [DONE]; /health is fine; POST /v1/echo-headers
-answers the request headers it received.
+answers the request headers it received. POST /v1/completions answers well-formed (a stream with usage
+and [DONE], or a JSON body) and then holds the connection open a second before it ends the response.
 """
 
+import asyncio
+import json
 import sys
 
 from aiohttp import web
+
+LATE_END_S = 1.0
 
 
 async def health(request: web.Request) -> web.Response:
@@ -27,6 +32,27 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def late_end(request: web.Request) -> web.StreamResponse:
+    """A complete answer whose response ends a second after its last byte (an upstream slow to close)."""
+    body = await request.json()
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    if body.get("stream"):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":"hi",'
+                         b'"finish_reason":"length"}]}\n\n')
+        await resp.write(b"data: " + json.dumps({"id": "x", "object": "text_completion", "choices": [],
+                                                 "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
+    else:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(json.dumps({"id": "x", "object": "text_completion", "usage": usage, "choices": [
+            {"index": 0, "text": "hi", "finish_reason": "length"}]}).encode())
+    await asyncio.sleep(LATE_END_S)
+    await resp.write_eof()
+    return resp
+
+
 async def echo_headers(request: web.Request) -> web.Response:
     return web.json_response(dict(request.headers))
 
@@ -36,4 +62,5 @@ if __name__ == "__main__":
     app.router.add_get("/health", health)
     app.router.add_post("/v1/echo-headers", echo_headers)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", late_end)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)

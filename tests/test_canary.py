@@ -139,7 +139,9 @@ def chat(url: str, prompt: str, max_tokens: int = 16, variant: str | None = None
 # -- the cases -----------------------------------------------------------------------------------------------
 def test_ngram_candidate_on_code_at_concurrency_1_passes(data: Path, tmp_path: Path) -> None:
     """Prompt lookup on code edits (the output copies the prompt) at concurrency 1: much faster per token."""
-    stack = start_stack(tmp_path / "stack", sim_args(0.1), ngram_args(0.1))
+    # time scale 0.3: the modelled step (about 2 ms) stays well above the simulator's own Python time per step,
+    # which grows on a busy machine and would otherwise wash the difference out
+    stack = start_stack(tmp_path / "stack", sim_args(0.3), ngram_args(0.3))
     try:
         load(stack, data, "code", concurrency=1, requests_=80)
         code, doc = canary(tmp_path / "report", "--event-log", str(stack.events), "--task", "code")
@@ -221,7 +223,8 @@ def test_watch_stops_the_split_when_the_verdict_fails(draft_stack: tuple[Stack, 
 
 
 def test_identical_configs_pass_with_their_intervals_inside_the_tolerance(data: Path, tmp_path: Path) -> None:
-    stack = start_stack(tmp_path / "stack", sim_args(0.2), sim_args(0.2))
+    # time scale 0.6: on a busy machine the scheduling noise of two processes is small against a 4 ms step
+    stack = start_stack(tmp_path / "stack", sim_args(0.6), sim_args(0.6))
     try:
         for task in ("code", "chat"):
             load(stack, data, task, concurrency=4, requests_=100)

@@ -212,6 +212,40 @@ def test_malformed_upstream_answers_are_relayed_and_counted(service_factory, tmp
         broken.wait(10)
 
 
+def test_a_client_that_has_its_answer_finds_it_counted_and_logged(service_factory, tmp_path):
+    """The last bytes (a stream's [DONE], a body's last read) leave only after the request is accounted, so a
+    client that reads its whole answer and then asks /metrics or the event log finds it there, even when the
+    upstream is slow to end its response (the broken upstream waits a second after its last byte)."""
+    port = free_port()
+    broken = subprocess.Popen([sys.executable, str(Path(__file__).with_name("broken_upstream.py")), str(port)])
+    try:
+        for _ in range(100):
+            try:
+                requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except requests.RequestException:
+                time.sleep(0.1)
+        events = tmp_path / "events.jsonl"
+        tap = service_factory("exporter", ["--upstream", f"baseline=http://127.0.0.1:{port}",
+                                           "--event-log", str(events)])
+        for n, stream in enumerate((True, False), start=1):
+            body = {"model": "m", "prompt": "x", "max_tokens": 2, "stream": stream}
+            with requests.post(tap.url + "/v1/completions", json=body, stream=True, timeout=10) as r:
+                if stream:
+                    lines = r.iter_lines()
+                    while next(lines) != b"data: [DONE]":
+                        pass
+                else:
+                    answer = json.loads(next(r.iter_content(chunk_size=None)))  # the whole body, one write
+                    assert answer["usage"]["completion_tokens"] == 2
+                # the answer is complete here; the upstream has not ended its response yet
+                assert value(tap.url, "specwatch_requests_total", outcome="ok") == n
+                assert len(events.read_text().splitlines()) == n
+    finally:
+        broken.terminate()
+        broken.wait(10)
+
+
 def test_client_disconnect_mid_stream_cancels_upstream(tap, upstream):
     aborted_before = value(upstream.url, "vllm:request_success_total", finished_reason="abort")
     body = json.dumps({"model": "spec-demo", "messages": [{"role": "user", "content": article_rows("chat")[0].prompt}],

@@ -202,10 +202,12 @@ class Tap:
 
         try:
             if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                await self._relay_sse(upstream, plan, record, send)
+                last = await self._relay_sse(upstream, plan, record, send)
             else:
-                await self._relay_body(upstream, record, send)
+                last = await self._relay_body(upstream, record, send)
             self._finish(record)  # before the last bytes: a client that has its answer sees it counted
+            if last:
+                await send(last)
             if client is not None:
                 await response.write_eof()
         except _ClientGone:
@@ -214,10 +216,14 @@ class Tap:
             record.outcome = "upstream_error"  # the upstream broke off mid-response; the client sees the cut
         return response
 
-    async def _relay_body(self, upstream: aiohttp.ClientResponse, record: RequestRecord, send: Any) -> None:
+    async def _relay_body(self, upstream: aiohttp.ClientResponse, record: RequestRecord, send: Any) -> bytes:
+        """Relay a plain body; its last read is returned unsent (the caller accounts, then sends it)."""
         body = bytearray()
+        last = b""
         async for chunk in upstream.content.iter_any():
-            await send(chunk)
+            if last:
+                await send(last)
+            last = chunk
             if len(body) < MAX_BUFFERED_BODY:
                 body += chunk
         if record.path in GENERATION_PATHS and upstream.status == 200:
@@ -228,10 +234,12 @@ class Tap:
                 record.saw_body(parsed)
             except (ValueError, UnicodeDecodeError):
                 record.outcome = "bad_response"
+        return last
 
     async def _relay_sse(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
-                         send: Any) -> None:
-        """Relay event by event; the events of one upstream read go out in one write, unchanged ones as is."""
+                         send: Any) -> bytes:
+        """Relay event by event; the events of one upstream read go out in one write, unchanged ones as is.
+        From the read that carries `[DONE]` on, the bytes are returned unsent: the caller accounts first."""
         splitter = SseSplitter()
         held: list[Event] = []  # terminal chunks waiting for the fingerprint of the stripped usage chunk
         fingerprint: str | None = None
@@ -281,22 +289,23 @@ class Tap:
                 record.outcome = "bad_response"  # not JSON: relayed as is, counted
             out.append(event.raw)
 
+        last: list[bytes] = []
         content = upstream.content
         while chunk := await content.readany():  # as iter_any(), one coroutine layer less per chunk
             out: list[bytes] = []
             now = time.perf_counter()  # one clock per read: its events arrived together
             for event in splitter.feed(chunk):
                 handle(event, now, out)
-            if out:
+            if saw_done:
+                last.extend(out)
+            elif out:
                 await send(out[0] if len(out) == 1 else b"".join(out))
-        out = []
         for event in splitter.flush():
-            handle(event, time.perf_counter(), out)
-        out.extend(h.raw for h in held)  # a stream that ended without [DONE]
-        if out:
-            await send(b"".join(out))
+            handle(event, time.perf_counter(), last)
+        last.extend(h.raw for h in held)  # a stream that ended without [DONE]
         if not saw_done and record.outcome == "ok" and upstream.status == 200:
             record.outcome = "bad_response"
+        return b"".join(last)
 
     # -- mirror ---------------------------------------------------------------------------
     def _start_mirror(self, request: web.Request, plan: UpstreamRequest, task: str, primary: RequestRecord) -> None:
