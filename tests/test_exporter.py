@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,9 @@ def test_upstream_down_gives_502_and_upstream_up_drops(service_factory):
     assert value(tap.url, "specwatch_upstream_up", variant="baseline") == 0
 
 
-def test_malformed_upstream_answers_are_relayed_and_counted(service_factory, tmp_path):
+@contextlib.contextmanager
+def broken_upstream() -> Iterator[str]:
+    """tests/broken_upstream.py on a free port, answering /health; its URL."""
     port = free_port()
     broken = subprocess.Popen([sys.executable, str(Path(__file__).with_name("broken_upstream.py")), str(port)])
     try:
@@ -192,7 +195,15 @@ def test_malformed_upstream_answers_are_relayed_and_counted(service_factory, tmp
                 break
             except requests.RequestException:
                 time.sleep(0.1)
-        tap = service_factory("exporter", ["--upstream", f"baseline=http://127.0.0.1:{port}"])
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        broken.terminate()
+        broken.wait(10)
+
+
+def test_malformed_upstream_answers_are_relayed_and_counted(service_factory, tmp_path):
+    with broken_upstream() as url:
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
         plain = requests.post(tap.url + "/v1/chat/completions", json={"messages": []}, timeout=10)
         assert plain.status_code == 200 and plain.content == b'{"id": "x", "choices": ['
         streamed = requests.post(tap.url + "/v1/chat/completions", json={"messages": [], "stream": True},
@@ -207,26 +218,15 @@ def test_malformed_upstream_answers_are_relayed_and_counted(service_factory, tmp
         assert echoed["Authorization"] == secret and echoed["X-Custom"] == "kept"
         assert not {"X-Specwatch-Task", "X-Specwatch-Variant"} & set(echoed)
         assert secret not in tap.log.read_text()
-    finally:
-        broken.terminate()
-        broken.wait(10)
 
 
 def test_a_client_that_has_its_answer_finds_it_counted_and_logged(service_factory, tmp_path):
     """The last bytes (a stream's [DONE], a body's last read) leave only after the request is accounted, so a
     client that reads its whole answer and then asks /metrics or the event log finds it there, even when the
     upstream is slow to end its response (the broken upstream waits a second after its last byte)."""
-    port = free_port()
-    broken = subprocess.Popen([sys.executable, str(Path(__file__).with_name("broken_upstream.py")), str(port)])
-    try:
-        for _ in range(100):
-            try:
-                requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except requests.RequestException:
-                time.sleep(0.1)
+    with broken_upstream() as url:
         events = tmp_path / "events.jsonl"
-        tap = service_factory("exporter", ["--upstream", f"baseline=http://127.0.0.1:{port}",
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}",
                                            "--event-log", str(events)])
         for n, stream in enumerate((True, False), start=1):
             body = {"model": "m", "prompt": "x", "max_tokens": 2, "stream": stream}
@@ -241,9 +241,6 @@ def test_a_client_that_has_its_answer_finds_it_counted_and_logged(service_factor
                 # the answer is complete here; the upstream has not ended its response yet
                 assert value(tap.url, "specwatch_requests_total", outcome="ok") == n
                 assert len(events.read_text().splitlines()) == n
-    finally:
-        broken.terminate()
-        broken.wait(10)
 
 
 def test_client_disconnect_mid_stream_cancels_upstream(tap, upstream):
