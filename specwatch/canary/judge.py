@@ -29,6 +29,7 @@ from specwatch.canary.policy import MetricPolicy, Policy
 from specwatch.canary.samples import METRICS, Data, Side
 from specwatch.judge import State
 from specwatch.stats import Shift
+
 Verdict = Literal["pass", "marginal", "fail", "insufficient"]
 VERDICTS: tuple[Verdict, ...] = ("fail", "insufficient", "marginal", "pass")  # worst first
 
