@@ -2,10 +2,10 @@
 
 After Kayenta's judge, stricter on evidence:
 
-- A metric with per-request samples on both sides is tested with Mann-Whitney U; it is
-  `high` (or `low`) only when the difference is significant (p < alpha) *and* the whole
-  Hodges-Lehmann interval of the effect lies beyond the allowed increase (or decrease).
-  Otherwise it is `pass`: no evidence of a change larger than the tolerance.
+- A metric with per-request samples on both sides goes to the one judge (`specwatch.judge`,
+  the study's too): it is `high` (or `low`) only when the difference is significant (p < alpha)
+  *and* the whole Hodges-Lehmann interval of the effect lies beyond the allowed increase (or
+  decrease). Otherwise it is `pass`: no evidence of a change larger than the tolerance.
 - A metric known only as a figure from Prometheus (a ratio of rates or a p95) has no
   interval; its point ratio (or difference) against the tolerance decides, and the
   reason says so.
@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specwatch import judge as judge_mod
 from specwatch.canary.policy import MetricPolicy, Policy
 from specwatch.canary.samples import METRICS, Data, Side
-from specwatch.canary.stats import Shift, compare, median, newcombe
+from specwatch.judge import State
+from specwatch.stats import Shift
 
-State = Literal["pass", "high", "low", "insufficient"]
 Verdict = Literal["pass", "marginal", "fail", "insufficient"]
 VERDICTS: tuple[Verdict, ...] = ("fail", "insufficient", "marginal", "pass")  # worst first
 
@@ -118,38 +119,26 @@ def judge_metric(mp: MetricPolicy, policy: Policy, base: Side, cand: Side) -> Me
                                    f"{' — fail' if failed else ''}")
     lo, hi = _bounds(mp, spec.scale)
     if spec.per_request and (base.requests or cand.requests):
-        if spec.scale == "proportion":
-            nb, nc = base.requests, cand.requests
-        else:
-            nb, nc = len(base.samples.get(mp.name, [])), len(cand.samples.get(mp.name, []))
         method = "Newcombe interval, z-test" if spec.scale == "proportion" else (
             "Mann-Whitney U, Hodges-Lehmann on logs" if spec.scale == "ratio" else "Mann-Whitney U, Hodges-Lehmann")
-        if nb < need or nc < need:
+        band = judge_mod.Band(lo, hi)
+        if spec.scale == "proportion":
+            cmp = judge_mod.proportions(base.errors, base.requests, cand.errors, cand.requests, band, policy.rules)
+        else:
+            cmp = judge_mod.samples(base.samples.get(mp.name, []), cand.samples.get(mp.name, []),
+                                    "ratio" if spec.scale == "ratio" else "difference", band, policy.rules)
+        nb, nc = cmp.n_baseline, cmp.n_candidate
+        if cmp.state == "insufficient" or cmp.effect is None or cmp.p_value is None:
             why = (f"the baseline has no samples (does it {'speculate' if mp.name == 'acceptance_rate' else 'serve'}?)"
                    if nb == 0 else f"{nb} baseline and {nc} candidate samples, the policy needs {need} per side")
             return _insufficient(mp, method, nb, nc, why)
-        if spec.scale == "proportion":
-            effect, p = newcombe(cand.errors, nc, base.errors, nb, policy.confidence)
-            b_val, c_val = base.errors / nb, cand.errors / nc
-        else:
-            b, c = base.samples[mp.name], cand.samples[mp.name]
-            cmp = compare(b, c, spec.scale == "ratio", policy.confidence)
-            effect, p, b_val, c_val = cmp.effect, cmp.p_value, median(b), median(c)
-        significant = p < policy.alpha
-        state = "high" if significant and effect.low > hi else "low" if significant and effect.high < lo else "pass"
+        state = cmp.state
         failed = mp.fails(state)
-        words = {"high": "higher than", "low": "lower than", "pass": "within"}[state]
-        if state == "pass" and not significant:
-            detail = "no significant difference"
-        elif state == "pass":
-            detail = "significant, but the interval reaches into the tolerance"
-        else:
-            detail = f"significant and entirely {words} the tolerance"
-        reason = (f"{title}: candidate {_describe_effect(spec.scale, effect)}, p = {p:.2g}, n = {nb} / {nc}; "
-                  f"tolerance {_tolerance(mp, spec.scale)}: {detail}"
+        reason = (f"{title}: candidate {_describe_effect(spec.scale, cmp.effect)}, p = {cmp.p_value:.2g}, "
+                  f"n = {nb} / {nc}; tolerance {_tolerance(mp, spec.scale)}: {cmp.detail}"
                   f"{' — fail' + (' (critical)' if mp.critical else '') if failed else ''}")
-        return MetricResult(mp.name, state, failed, mp.critical, mp.weight, method, nb, nc, b_val, c_val, effect, p,
-                            reason)
+        return MetricResult(mp.name, state, failed, mp.critical, mp.weight, method, nb, nc, cmp.baseline,
+                            cmp.candidate, cmp.effect, cmp.p_value, reason)
     # Prometheus figures only: a ratio of rates (or of p95s), no interval
     method = "ratio of windowed rates (Prometheus), no interval"
     nb, nc = int(round(base.counts.get(mp.name, 0))), int(round(cand.counts.get(mp.name, 0)))

@@ -18,6 +18,7 @@ import yaml
 
 from specwatch import resources
 from specwatch.canary.samples import METRICS
+from specwatch.judge import MIN_SAMPLES, Rules
 
 Direction = Literal["lower_is_better", "higher_is_better", "no_change"]
 DIRECTIONS: tuple[Direction, ...] = ("lower_is_better", "higher_is_better", "no_change")
@@ -53,7 +54,7 @@ DEFAULT_PASS_SCORE, DEFAULT_MARGINAL_SCORE = 90.0, 70.0  # Kayenta's usual thres
 @dataclass(frozen=True)
 class Policy:
     metrics: tuple[MetricPolicy, ...]
-    min_samples: int = 20  # per side (baseline and candidate), per task and metric
+    min_samples: int = MIN_SAMPLES  # per side (baseline and candidate), per task and metric
     alpha: float = 0.05  # significance level of the Mann-Whitney test
     confidence: float = 0.95  # of the Hodges-Lehmann / Newcombe intervals
     pass_score: float = DEFAULT_PASS_SCORE
@@ -61,6 +62,11 @@ class Policy:
 
     def metric(self, name: str) -> MetricPolicy:
         return next(m for m in self.metrics if m.name == name)
+
+    @property
+    def rules(self) -> Rules:
+        """What the judge needs from the policy: samples per side, alpha, confidence."""
+        return Rules(self.min_samples, self.alpha, self.confidence)
 
 
 def _number(raw: Mapping[str, Any], key: str, where: str, default: float | None = None, low: float = 0.0,
@@ -116,7 +122,7 @@ def parse(doc: Any, where: str = "policy") -> Policy:
     metrics = tuple(_metric(str(k), v) for k, v in raw_metrics.items())
     if sum(m.weight for m in metrics) <= 0:
         raise PolicyError(f"{where}.metrics: the weights add up to 0")
-    min_samples = doc.get("min_samples", 20)
+    min_samples = doc.get("min_samples", MIN_SAMPLES)
     if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
         raise PolicyError(f"{where}.min_samples: expected an integer of at least 2")
     score = doc.get("score", {})

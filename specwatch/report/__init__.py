@@ -1,7 +1,8 @@
 """`specwatch report results/<run-id>`: Markdown and a self-contained HTML page with PNG plots and a go / no-go.
 
 Modules: `results` (read the experiment's folder), `quality` (greedy identity, the code edit check),
-`verdict` (the article's go / no-go rules), `plots` (matplotlib PNGs), `render` (Markdown, HTML).
+`verdict` (GO / NO-GO / INCONCLUSIVE: the article's rules, performance judged on per-request samples by
+`specwatch.judge` with the canary policy), `plots` (matplotlib PNGs), `render` (Markdown, HTML).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from specwatch.canary import policy as policy_mod
 from specwatch.report import plots, render, results, verdict
 
 
@@ -20,7 +22,9 @@ class Report:
 
 
 def build(folder: Path, baseline: str | None = None, target_concurrency: int | None = None,
-          capacity_loss_bound: float = verdict.DEFAULT_CAPACITY_LOSS) -> Report:
+          capacity_loss_bound: float = verdict.DEFAULT_CAPACITY_LOSS, policy_file: Path | None = None) -> Report:
+    """`policy_file`: the judge's tolerances, level and minimum samples (default: the canary's packaged policy)."""
+    policy = policy_mod.load(policy_file)
     run = results.load(folder)
     if baseline is None:
         plain = [v.name for v in run.variants if not v.speculative]
@@ -30,8 +34,8 @@ def build(folder: Path, baseline: str | None = None, target_concurrency: int | N
                                    "name one with --baseline")
     concurrencies = sorted({c for v in run.variants for c in v.perf})
     target = target_concurrency or (concurrencies[-1] if concurrencies else 1)
-    verdicts = verdict.judge(run, baseline, target, capacity_loss_bound)
+    verdicts = verdict.judge(run, baseline, target, capacity_loss_bound, policy)
     out = folder / "report"
-    pngs = plots.all_plots(run, baseline, out)
-    md, html = render.write(out, render.markdown(run, baseline, target, verdicts, pngs))
+    pngs = plots.all_plots(run, baseline, out, policy)
+    md, html = render.write(out, render.markdown(run, baseline, target, verdicts, pngs, policy))
     return Report(md, html, verdicts)

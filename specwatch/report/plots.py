@@ -1,7 +1,14 @@
-"""The report's PNG plots (matplotlib, no display): one function per figure, each returns its file."""
+"""The report's PNG plots (matplotlib, no display): one function per figure, each returns its file.
+
+One colour per variant in every figure of a report (`colours`: the baseline grey, the others in
+the plan's order over matplotlib's tab10), and every artist drawn for a variant carries the
+variant's name as its `gid`. Performance figures show the spread: every measured request as a
+point with the median as a bar, and the judge's effect with its interval against the baseline.
+"""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import matplotlib
@@ -10,7 +17,23 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from specwatch.report.results import RunResults, VariantResults  # noqa: E402
+from specwatch.canary import policy as policy_mod  # noqa: E402
+from specwatch.report.results import PERF_METRICS, RunResults, VariantResults  # noqa: E402
+from specwatch.report.verdict import TITLES, perf_lines  # noqa: E402
+
+BASELINE_COLOUR = "#7f7f7f"
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+
+
+def colours(run: RunResults, baseline: str | None = None) -> dict[str, str]:
+    """The variant -> colour map every figure of one report uses (fixed by the plan's variant order)."""
+    names = [v.name for v in run.variants]
+    names += [n for n in (run.timeline or {}).get("variants", {}) if n not in names]
+    others = [n for n in names if n != baseline]
+    out = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(others)}
+    if baseline is not None:
+        out[baseline] = BASELINE_COLOUR
+    return out
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -28,7 +51,7 @@ def _speculative(run: RunResults) -> list[VariantResults]:
     return [v for v in run.variants if any(a.steps for a in v.acceptance.values())]
 
 
-def acceptance_bars(run: RunResults, out: Path) -> Path:
+def acceptance_bars(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
     """Acceptance rate and mean acceptance length by task and variant."""
     tasks, variants = _tasks(run), _speculative(run)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -36,9 +59,9 @@ def acceptance_bars(run: RunResults, out: Path) -> Path:
     for i, v in enumerate(variants):
         xs = [t + i * width for t in range(len(tasks))]
         axes[0].bar(xs, [v.acceptance[t].acceptance_rate or 0 if t in v.acceptance else 0 for t in tasks],
-                    width, label=v.name)
+                    width, label=v.name, color=colour[v.name], gid=v.name)
         axes[1].bar(xs, [v.acceptance[t].mean_acceptance_length or 0 if t in v.acceptance else 0 for t in tasks],
-                    width, label=v.name)
+                    width, label=v.name, color=colour[v.name], gid=v.name)
     for ax, title in zip(axes, ("acceptance rate C / D", "mean acceptance length 1 + C / R"), strict=True):
         ax.set_xticks([t + 0.4 - width / 2 for t in range(len(tasks))], tasks)
         ax.set_title(title)
@@ -47,7 +70,7 @@ def acceptance_bars(run: RunResults, out: Path) -> Path:
     return _save(fig, out / "acceptance.png")
 
 
-def position_decay(run: RunResults, out: Path) -> Path:
+def position_decay(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
     """Unconditional acceptance by position (P(accepted >= p + 1) per verify step), per task."""
     tasks = _tasks(run)
     fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(5 * max(len(tasks), 1), 3.6), squeeze=False)
@@ -55,7 +78,8 @@ def position_decay(run: RunResults, out: Path) -> Path:
         for v in _speculative(run):
             acc = v.acceptance.get(task)
             if acc and acc.per_position:
-                ax.plot(range(len(acc.per_position)), acc.per_position, marker="o", label=v.name)
+                ax.plot(range(len(acc.per_position)), acc.per_position, marker="o", label=v.name,
+                        color=colour[v.name], gid=v.name)
         ax.set_title(f"{task}: acceptance by position")
         ax.set_xlabel("draft position")
         ax.set_ylim(0, 1)
@@ -63,7 +87,7 @@ def position_decay(run: RunResults, out: Path) -> Path:
     return _save(fig, out / "position_decay.png")
 
 
-def length_histograms(run: RunResults, out: Path) -> Path:
+def length_histograms(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
     """Share of verify steps that accepted 0, 1, ... k drafts, per task and variant."""
     tasks, variants = _tasks(run), _speculative(run)
     fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(5 * max(len(tasks), 1), 3.6), squeeze=False)
@@ -73,14 +97,14 @@ def length_histograms(run: RunResults, out: Path) -> Path:
             acc = v.acceptance.get(task)
             if acc and acc.steps:
                 ax.bar([k + i * width for k in range(len(acc.histogram))],
-                       [h / acc.steps for h in acc.histogram], width, label=v.name)
+                       [h / acc.steps for h in acc.histogram], width, label=v.name, color=colour[v.name], gid=v.name)
         ax.set_title(f"{task}: accepted drafts per verify step")
         ax.set_xlabel("accepted")
         ax.legend(fontsize=8)
     return _save(fig, out / "length_histograms.png")
 
 
-def coverage(run: RunResults, out: Path) -> Path:
+def coverage(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
     """Draft coverage: verify steps with a draft / decode steps (completion tokens - 1 - C per request)."""
     tasks, variants = _tasks(run), _speculative(run)
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -91,50 +115,105 @@ def coverage(run: RunResults, out: Path) -> Path:
             acc = v.acceptance.get(t)
             decode = (acc.output_tokens - acc.requests - acc.accepted) if acc else 0
             values.append(acc.steps / decode if acc and decode > 0 else 0)
-        ax.bar([t + i * width for t in range(len(tasks))], values, width, label=v.name)
+        ax.bar([t + i * width for t in range(len(tasks))], values, width, label=v.name, color=colour[v.name],
+               gid=v.name)
     ax.set_xticks([t + 0.4 - width / 2 for t in range(len(tasks))], tasks)
     ax.set_title("draft coverage (steps with a draft / decode steps)")
     ax.legend(fontsize=8)
     return _save(fig, out / "coverage.png")
 
 
-def relative_performance(run: RunResults, baseline: str, out: Path) -> Path:
-    """TPOT p50, ITL p95 / p99 and output throughput relative to the baseline, per task and concurrency."""
-    base = run.variant(baseline)
-    tasks = sorted({t for v in run.variants for per in v.perf.values() for t in per})
-    metrics = (("tpot_ms", "p50", "TPOT p50"), ("itl_ms", "p95", "ITL p95"), ("itl_ms", "p99", "ITL p99"),
-               ("output_tokens_per_second", None, "output tokens / s"))
-    fig, axes = plt.subplots(len(tasks) or 1, len(metrics), figsize=(14, 3.2 * max(len(tasks), 1)), squeeze=False)
+def _perf_tasks(run: RunResults) -> list[str]:
+    return sorted({t for v in run.variants for c in (*v.perf, *v.requests)
+                   for t in (*v.perf.get(c, {}), *v.requests.get(c, {}))})
+
+
+def _concurrencies(run: RunResults) -> list[int]:
+    return sorted({c for v in run.variants for c in (*v.perf, *v.requests)})
+
+
+UNITS = {"tpot": ("ms", 1000.0), "itl_p95": ("ms", 1000.0), "output_tps": ("tok/s", 1.0)}
+
+
+def performance_spread(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
+    """Every measured request as a point (TPOT, its ITL p95, its output tok/s), the median as a bar, n below."""
+    tasks, concs = _perf_tasks(run), _concurrencies(run)
+    fig, axes = plt.subplots(len(tasks) or 1, len(PERF_METRICS), figsize=(14, 3.4 * max(len(tasks), 1)),
+                             squeeze=False)
+    width = 0.8 / max(len(run.variants), 1)
+    jitter = random.Random(0)
     for row, task in enumerate(tasks):
-        for col, (key, q, title) in enumerate(metrics):
+        for col, metric in enumerate(PERF_METRICS):
             ax = axes[row][col]
-            for v in run.variants:
-                if base is None or v.name == baseline:
-                    continue
-                xs, ys = [], []
-                for c in sorted(v.perf):
-                    mine, theirs = v.perf[c].get(task, {}).get(key), base.perf.get(c, {}).get(task, {}).get(key)
-                    if q is not None:
-                        mine = (mine or {}).get(q)
-                        theirs = (theirs or {}).get(q)
-                    if mine and theirs:
-                        xs.append(c)
-                        ys.append(mine / theirs)
-                if xs:
-                    ax.plot(xs, ys, marker="o", label=v.name)
+            unit, scale = UNITS[metric]
+            for i, v in enumerate(run.variants):
+                for j, c in enumerate(concs):
+                    values = [x * scale for x in v.samples(c, task, metric)]
+                    if not values:
+                        continue
+                    x = j + (i - (len(run.variants) - 1) / 2) * width
+                    ax.scatter([x + jitter.uniform(-0.3, 0.3) * width for _ in values], values, s=9, alpha=0.6,
+                               color=colour[v.name], gid=v.name, label=v.name if j == 0 else None)
+                    mid = sorted(values)[len(values) // 2]
+                    ax.hlines(mid, x - width / 2, x + width / 2, colors=colour[v.name], linewidth=2, gid=v.name)
+            ax.set_xticks(range(len(concs)), [f"c = {c}" for c in concs])
+            ax.set_title(f"{task}: {TITLES[metric]} per request ({unit})")
+            if row == 0 and col == 0 and ax.collections:
+                ax.legend(fontsize=7)
+    return _save(fig, out / "performance_spread.png")
+
+
+def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict[str, str],
+                         policy: policy_mod.Policy | None = None) -> Path:
+    """The judge's effect (candidate / baseline, Hodges-Lehmann on logs) with its interval, per concurrency.
+
+    Filled markers with bars: enough samples for the judge; hollow markers: the ratio of medians
+    of too few samples (no interval). The grey band is the policy's tolerance.
+    """
+    policy = policy or policy_mod.load()
+    base = run.variant(baseline)
+    tasks, concs = _perf_tasks(run), _concurrencies(run)
+    candidates = [v for v in run.variants if v.name != baseline]
+    fig, axes = plt.subplots(len(tasks) or 1, len(PERF_METRICS), figsize=(14, 3.2 * max(len(tasks), 1)),
+                             squeeze=False)
+    width = 0.8 / max(len(candidates), 1)
+    for row, task in enumerate(tasks):
+        for col, metric in enumerate(PERF_METRICS):
+            ax = axes[row][col]
+            band = None
+            for i, v in enumerate(candidates):
+                if base is None:
+                    break
+                for j, c in enumerate(concs):
+                    line = next(m for m in perf_lines(v, base, c, task, policy) if m.metric == metric)
+                    cmp = line.comparison
+                    if cmp is None:
+                        continue
+                    x = j + (i - (len(candidates) - 1) / 2) * width
+                    if cmp.effect is not None:
+                        e = cmp.effect
+                        ax.errorbar([x], [e.estimate], yerr=[[e.estimate - e.low], [e.high - e.estimate]], fmt="o",
+                                    color=colour[v.name], capsize=3, gid=v.name, label=v.name if j == 0 else None)
+                    elif cmp.baseline and cmp.candidate is not None:
+                        ax.scatter([x], [cmp.candidate / cmp.baseline], facecolors="none", edgecolors=colour[v.name],
+                                   gid=v.name, label=v.name if j == 0 else None)
+                mp = next((m for m in policy.metrics if m.name == metric), None)
+                band = (1 - mp.allowed_decrease, 1 + mp.allowed_increase) if mp else None
+            if band:
+                ax.axhspan(*band, color="0.9", zorder=0)
             ax.axhline(1.0, color="grey", linewidth=0.8)
-            ax.set_title(f"{task}: {title} / baseline")
-            ax.set_xlabel("concurrency")
-            if row == 0 and col == 0:
-                ax.legend(fontsize=8)
+            ax.set_xticks(range(len(concs)), [f"c = {c}" for c in concs])
+            ax.set_title(f"{task}: {TITLES[metric]} / baseline")
+            if row == 0 and col == 0 and (ax.lines or ax.collections):
+                ax.legend(fontsize=7)
     return _save(fig, out / "relative_performance.png")
 
 
-def kv_capacity(run: RunResults, out: Path) -> Path:
+def kv_capacity(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
     """num_gpu_blocks per variant (vllm:cache_config_info): what a draft model's weights cost."""
-    named = [(v.name, v.num_gpu_blocks or 0) for v in run.variants]
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    ax.bar([n for n, _ in named], [b for _, b in named])
+    for v in run.variants:
+        ax.bar(v.name, v.num_gpu_blocks or 0, color=colour[v.name], gid=v.name)
     ax.set_title("KV cache blocks (num_gpu_blocks)")
     ax.tick_params(axis="x", rotation=30)
     return _save(fig, out / "kv_capacity.png")
@@ -144,7 +223,7 @@ LINESTYLES = ("-", "--", ":", "-.")
 DASHBOARD_QUERIES_PNG = "dashboard_queries.png"
 
 
-def dashboard_queries(run: RunResults, out: Path) -> Path | None:
+def dashboard_queries(run: RunResults, out: Path, colours: dict[str, str]) -> Path | None:
     """The key dashboard panels' queries over each variant's window (`timeline.json`), variants overlaid.
 
     x is the time since the variant's server became healthy; colour is the variant, the line style
@@ -155,7 +234,6 @@ def dashboard_queries(run: RunResults, out: Path) -> Path | None:
         return None
     queries = timeline["queries"]
     variants = list(timeline["variants"])
-    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
     cols = 2
     rows = (len(queries) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(13, 3.3 * rows), squeeze=False)
@@ -165,7 +243,7 @@ def dashboard_queries(run: RunResults, out: Path) -> Path | None:
             for i, line in enumerate(lines):
                 xs, ys = zip(*line["points"], strict=True) if line["points"] else ((), ())
                 ax.plot(xs, ys, color=colours[variant], linestyle=LINESTYLES[i % len(LINESTYLES)],
-                        linewidth=1.2, marker="o", markersize=2.5, label=line["name"] or variant)
+                        linewidth=1.2, marker="o", markersize=2.5, label=line["name"] or variant, gid=variant)
         ax.set_title(query["panel"], fontsize=10)
         ax.set_xlabel("seconds since the variant's server was healthy", fontsize=8)
         unit = query.get("unit", "")
@@ -182,8 +260,10 @@ def dashboard_queries(run: RunResults, out: Path) -> Path | None:
     return _save(fig, out / DASHBOARD_QUERIES_PNG)
 
 
-def all_plots(run: RunResults, baseline: str, out: Path) -> list[Path]:
+def all_plots(run: RunResults, baseline: str, out: Path, policy: policy_mod.Policy | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    made = [acceptance_bars(run, out), position_decay(run, out), length_histograms(run, out), coverage(run, out),
-            relative_performance(run, baseline, out), kv_capacity(run, out), dashboard_queries(run, out)]
+    c = colours(run, baseline)
+    made = [acceptance_bars(run, out, c), position_decay(run, out, c), length_histograms(run, out, c),
+            coverage(run, out, c), performance_spread(run, out, c), relative_performance(run, baseline, out, c, policy),
+            kv_capacity(run, out, c), dashboard_queries(run, out, c)]
     return [p for p in made if p is not None]

@@ -7,17 +7,48 @@ import html
 import re
 from pathlib import Path
 
+from specwatch.canary.policy import Policy
 from specwatch.report.plots import DASHBOARD_QUERIES_PNG
 from specwatch.report.quality import code_correct_share, identity
 from specwatch.report.results import RunResults
-from specwatch.report.verdict import Verdict
+from specwatch.report.verdict import TITLES, Verdict, perf_lines
 
 
 def _f(value: float | None, fmt: str = ".3f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict], plots: list[Path]) -> str:
+def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
+    """Every candidate, task, concurrency and metric: the judge's effect, interval, n, p and finding."""
+    base = run.variant(baseline)
+    rules = policy.rules
+    lines = ["", "## Performance against the baseline (the judge)", "",
+             f"Candidate / baseline per request sample: Mann-Whitney U (p) and the Hodges-Lehmann ratio with its "
+             f"{rules.confidence:.0%} interval, judged only with at least {rules.min_samples} requests per side "
+             f"(alpha {rules.alpha:g}); a change counts when it is significant and its whole interval lies beyond "
+             "the tolerance (the canary policy's).", "",
+             "| variant | task | concurrency | metric | effect [CI] | n (b / c) | p | finding |",
+             "|---|---|--:|---|---|---|--:|---|"]
+    if base is None:
+        return lines
+    for v in run.variants:
+        if v is base or v.state != "done":
+            continue
+        for c in sorted(set(v.requests) | set(v.perf)):
+            for task in sorted(set(v.requests.get(c, {})) | set(v.perf.get(c, {}))):
+                for m in perf_lines(v, base, c, task, policy):
+                    cmp = m.comparison
+                    assert cmp is not None
+                    e = cmp.effect
+                    effect = "-" if e is None else f"{e.estimate:.3f}x [{e.low:.3f}, {e.high:.3f}]"
+                    p = "-" if cmp.p_value is None else f"{cmp.p_value:.2g}"
+                    lines.append(f"| {v.name} | {task} | {c} | {TITLES[m.metric]} | {effect} | "
+                                 f"{cmp.n_baseline} / {cmp.n_candidate} | {p} | {m.finding} |")
+    return lines
+
+
+def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict], plots: list[Path],
+             policy: Policy) -> str:
     lines = [f"# specwatch study {run.run_id}", "",
              f"Baseline: `{baseline}`; target concurrency: {target}. Acceptance comes from the acceptance pass's "
              "per-request fields (summed first, then divided); performance from Locust at fixed concurrency with "
@@ -28,8 +59,13 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
         lines.append(f"| {v.name} | {v.state}{': ' + v.error if v.error else ''} | {v.backend or '-'} | "
                      f"{v.method or 'none'} | {v.num_gpu_blocks if v.num_gpu_blocks is not None else '-'} | "
                      f"{'-' if v.reconciled is None else ('yes' if v.reconciled else 'NO')} |")
-    lines += ["", "## Go / no-go", "", "| variant | task | verdict |", "|---|---|---|"]
-    lines += [f"| {v.variant} | {v.task} | **{'GO' if v.go else 'NO-GO'}**: {v.reason} |" for v in verdicts]
+    lines += ["", "## Go / no-go", "",
+              "GO: TPOT and output tok/s both better than the baseline beyond the tolerance, with evidence; NO-GO: "
+              "a metric worse beyond the tolerance, outputs that differ, or KV capacity lost above the bound; "
+              f"INCONCLUSIVE otherwise (fewer than {policy.min_samples} requests per side, or no change beyond the "
+              "tolerance). Each metric: effect [interval], n = baseline / candidate requests.", "",
+              "| variant | task | verdict |", "|---|---|---|"]
+    lines += [f"| {v.variant} | {v.task} | **{v.label}**: {v.reason} |" for v in verdicts]
     lines += ["", "## Acceptance (acceptance pass)", "",
               "| variant | task | requests | C | D | R | C/D | 1+C/R | drafted share | histogram 0..k |",
               "|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
@@ -51,6 +87,7 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
                              f"{_f((s.get('itl_ms') or {}).get('p95'), '.2f')} | "
                              f"{_f((s.get('itl_ms') or {}).get('p99'), '.2f')} | "
                              f"{_f(s.get('output_tokens_per_second'), '.1f')} | {s.get('failures', '-')} |")
+    lines += _judged(run, baseline, policy)
     base = run.variant(baseline)
     lines += ["", "## Quality (greedy outputs of the acceptance pass)", "",
               "| variant | task | identical to baseline | code edit correct |", "|---|---|---|---|"]

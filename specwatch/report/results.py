@@ -1,7 +1,9 @@
 """Read an experiment's results folder (the layout of `specwatch.experiment`) into typed figures.
 
 Nothing is recomputed from anything but the files: acceptance is the sum of the saved
-per-request fields (summed first, then divided), performance is each pass's `summary.json`,
+per-request fields (summed first, then divided), performance is each pass's `summary.json` and,
+for the judge, its per-request lines (`requests.jsonl`, warm-ups left out): TPOT, the ITL p95
+of each request and each request's output tokens per second (completion tokens / its e2e time),
 the server-side figures are the difference of the two saved `/metrics` snapshots, the curves
 over the run are `timeline.json` as the study's Prometheus answered the dashboard queries.
 """
@@ -17,7 +19,10 @@ from typing import Any
 import yaml
 
 from specwatch import snapshot
-from specwatch.acceptance import Acceptance, spec_field
+from specwatch.acceptance import Acceptance, parse, spec_field
+from specwatch.load.results import RequestResult, percentile, read_results
+
+PERF_METRICS = ("tpot", "itl_p95", "output_tps")  # per-request performance samples, named as the canary names them
 
 
 class ResultsError(ValueError):
@@ -45,8 +50,24 @@ class VariantResults:
     acceptance: dict[str, Acceptance] = field(default_factory=dict)      # task -> acceptance pass sums
     outputs: dict[str, list[Output]] = field(default_factory=dict)      # task -> per request, by index
     perf: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # concurrency -> task -> summary
+    requests: dict[int, dict[str, list[RequestResult]]] = field(default_factory=dict)  # measured, per request
+    spec_requests: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # task -> (C, D), acceptance pass
     server: snapshot.Figures | None = None       # snapshot difference over all passes
     reconciled: bool | None = None
+
+
+    def samples(self, concurrency: int, task: str, metric: str) -> list[float]:
+        """One value per ok measured request of the performance pass (only positive values: they go on logs)."""
+        rows = [r for r in self.requests.get(concurrency, {}).get(task, []) if r.ok]
+        if metric == "tpot":
+            values = [r.tpot_s for r in rows]
+        elif metric == "itl_p95":
+            values = [percentile(r.itl_s, 95) for r in rows]
+        elif metric == "output_tps":
+            values = [r.completion_tokens / (r.end - r.start) if r.end > r.start else None for r in rows]
+        else:
+            raise KeyError(f"{metric}: expected one of {', '.join(PERF_METRICS)}")
+        return [v for v in values if v is not None and v > 0]
 
 
 @dataclass
@@ -92,6 +113,18 @@ def _prompts(folder: Path) -> dict[str, list[str]]:
     return out
 
 
+def _requests(path: Path) -> dict[str, list[RequestResult]]:
+    try:
+        rows = read_results([path])
+    except (ValueError, TypeError) as exc:
+        raise ResultsError(f"{path}: {exc}") from exc
+    out: dict[str, list[RequestResult]] = {}
+    for r in rows:
+        if not r.warmup:
+            out.setdefault(r.task, []).append(r)
+    return out
+
+
 def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
     status_path = folder / "status.json"
     status = _json(status_path) if status_path.exists() else {"state": "missing"}
@@ -109,19 +142,26 @@ def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
     for path in sorted((folder / "acceptance").glob("*.jsonl")):
         acc = Acceptance()
         outputs: list[Output] = []
+        pairs: list[tuple[int, int]] = []
         for rec in _jsonl(path):
             usage = rec.get("usage") or {}
             tokens = int(usage.get("completion_tokens") or 0)
-            acc = acc.add(spec_field({"metrics": {"speculative_decoding": rec.get("spec")}}) if rec.get("spec")
-                          else None, tokens)
+            sd = spec_field({"metrics": {"speculative_decoding": rec.get("spec")}}) if rec.get("spec") else None
+            acc = acc.add(sd, tokens)
+            if sd is not None:
+                fields = parse(sd)
+                pairs.append((fields.accepted, fields.drafted))
             outputs.append(Output(path.stem, int(rec.get("index", len(outputs))), str(rec.get("text") or ""),
                                   rec.get("finish_reason"), tokens))
         result.acceptance[path.stem] = acc
         result.outputs[path.stem] = sorted(outputs, key=lambda o: o.index)
+        result.spec_requests[path.stem] = pairs
     for path in sorted((folder / "perf").glob("c*/summary.json")):
         match = re.fullmatch(r"c(\d+)", path.parent.name)
         if match:
-            result.perf[int(match.group(1))] = _json(path).get("tasks", {})
+            concurrency = int(match.group(1))
+            result.perf[concurrency] = _json(path).get("tasks", {})
+            result.requests[concurrency] = _requests(path.parent / "requests.jsonl")
     before, after = folder / "metrics-before.prom", folder / "metrics-after.prom"
     if before.exists() and after.exists():
         result.server = snapshot.diff(snapshot.read(before), snapshot.read(after)).server

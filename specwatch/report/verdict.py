@@ -1,102 +1,201 @@
-"""Go / no-go per variant and task, by the source article's rules, with the reason in words.
+"""GO / NO-GO / INCONCLUSIVE per variant and task: the article's rules, on per-request samples, by the one judge.
 
-Go: at the target concurrency both TPOT (p50) and output throughput beat the baseline's, the greedy
-outputs equal the baseline's, and the KV capacity lost (num_gpu_blocks) stays within the bound.
-No-go otherwise, naming every rule that failed, including the article's two traps: a gain only at
-concurrencies below the target, and high acceptance without an end-to-end gain.
+Performance at the target concurrency, per task: TPOT, the ITL p95 of each request and each
+request's output tokens per second, candidate against baseline, judged by `specwatch.judge` (the
+canary's judge) with the canary policy's tolerances, level and minimum samples (by default
+`specwatch/data/canary-policy.yaml`: TPOT and output tokens/s +-10 %, ITL p95 +-20 %, 20 requests
+per side). Each metric gets a line with the effect, its interval and the samples it rests on,
+"TPOT -19 % [-31 %, -6 %], n = 24 / 24", and what the judge found: better, worse, no change beyond
+the tolerance, or insufficient data. The acceptance rate is the candidate's exact C / D of the
+acceptance pass (summed first, then divided) with the ratio estimator's interval over requests.
+
+The verdict:
+- NO-GO: the run did not finish; the greedy outputs differ from the baseline's; the KV capacity
+  lost is above the bound (these three exact rules as before); or a performance metric is worse
+  beyond its tolerance (the judge's `high` / `low` in the metric's bad direction: a canary fail).
+- GO: TPOT and output tokens/s both better beyond their tolerance (the article's "both beat the
+  baseline", with evidence) and nothing for a NO-GO.
+- INCONCLUSIVE: anything else. Fewer samples than the judge's minimum (the canary's
+  `insufficient`) never gives a GO or a NO-GO on performance; nor does a change within the
+  tolerance (the canary's `pass`); nor a missing baseline.
+Reasons name the article's two traps: gains only at concurrencies below the target, and high
+acceptance (exact C / D >= 60 %) without an end-to-end gain.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
+from specwatch import judge as judge_mod
+from specwatch.canary import policy as policy_mod
+from specwatch.judge import Band, Comparison
 from specwatch.report.quality import identity
-from specwatch.report.results import RunResults, VariantResults
+from specwatch.report.results import PERF_METRICS, RunResults, VariantResults
+from specwatch.stats import ratio_of_sums
 
 HIGH_ACCEPTANCE = 0.6
 DEFAULT_CAPACITY_LOSS = 0.25
+
+Outcome = Literal["go", "no-go", "inconclusive"]
+LABELS: dict[Outcome, str] = {"go": "GO", "no-go": "NO-GO", "inconclusive": "INCONCLUSIVE"}
+TITLES = {"tpot": "TPOT", "itl_p95": "ITL p95", "output_tps": "output tok/s", "acceptance_rate": "acceptance"}
+Finding = Literal["better", "worse", "no change", "insufficient data"]
+
+
+@dataclass(frozen=True)
+class MetricLine:
+    """One metric of one task: what the judge found, and the line that says it."""
+
+    metric: str
+    concurrency: int | None  # None: the acceptance pass
+    finding: Finding | None  # None: the candidate's own figure (acceptance), not a comparison
+    comparison: Comparison | None
+    text: str
 
 
 @dataclass(frozen=True)
 class Verdict:
     variant: str
     task: str
-    go: bool
+    outcome: Outcome
     reason: str
+    metrics: tuple[MetricLine, ...] = ()
+
+    @property
+    def go(self) -> bool:
+        return self.outcome == "go"
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.outcome]
 
 
-def _perf(v: VariantResults, concurrency: int, task: str) -> tuple[float | None, float | None]:
-    summary: dict[str, Any] = v.perf.get(concurrency, {}).get(task, {})
-    tpot = (summary.get("tpot_ms") or {}).get("p50")
-    return tpot, summary.get("output_tokens_per_second")
+def _pct(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.0f} %"
 
 
-def _pct(new: float, old: float) -> str:
-    return f"{(new / old - 1) * 100:+.0f} %"
+def line_text(title: str, cmp: Comparison, finding: Finding, rules: judge_mod.Rules) -> str:
+    """"TPOT -19 % [-31 %, -6 %], n = 24 / 24: better" (ratio metrics; differences in points)."""
+    n = f"n = {cmp.n_baseline} / {cmp.n_candidate}"
+    if cmp.effect is not None:
+        e = cmp.effect
+        if cmp.scale == "ratio":
+            effect = f"{_pct(e.estimate)} [{_pct(e.low)}, {_pct(e.high)}]"
+        else:
+            effect = f"{e.estimate:+.3f} [{e.low:+.3f}, {e.high:+.3f}]"
+        return f"{title} {effect}, {n}: {finding}"
+    need = f"the judge needs {rules.min_samples} per side"
+    if cmp.baseline and cmp.candidate is not None:
+        return f"{title} {_pct(cmp.candidate / cmp.baseline)} (medians, no interval), {n}: {finding} ({need})"
+    return f"{title}: no samples, {n}: {finding} ({need})"
+
+
+def _finding(cmp: Comparison, mp: policy_mod.MetricPolicy) -> Finding:
+    if cmp.state == "insufficient":
+        return "insufficient data"
+    if mp.fails(cmp.state):
+        return "worse"
+    return "no change" if cmp.state == "pass" else "better"
+
+
+def perf_lines(v: VariantResults, base: VariantResults, concurrency: int, task: str,
+               policy: policy_mod.Policy) -> list[MetricLine]:
+    """TPOT, ITL p95 and output tok/s of one task at one concurrency, candidate `v` against `base`."""
+    out = []
+    for name in PERF_METRICS:
+        mp = _metric_policy(policy, name)
+        band = Band.around("ratio", mp.allowed_decrease, mp.allowed_increase)
+        cmp = judge_mod.samples(base.samples(concurrency, task, name), v.samples(concurrency, task, name), "ratio",
+                                band, policy.rules)
+        finding = _finding(cmp, mp)
+        text = line_text(TITLES[name], cmp, finding, policy.rules)
+        if finding == "no change":
+            text += f" (within -{mp.allowed_decrease:.0%} .. +{mp.allowed_increase:.0%})"
+        out.append(MetricLine(name, concurrency, finding, cmp, text))
+    return out
+
+
+def _metric_policy(policy: policy_mod.Policy, name: str) -> policy_mod.MetricPolicy:
+    found = [m for m in policy.metrics if m.name == name]
+    return found[0] if found else policy_mod.load().metric(name)  # a policy without it: the default's
+
+
+def _acceptance(v: VariantResults, task: str) -> MetricLine | None:
+    pairs = v.spec_requests.get(task, [])
+    if not pairs or not sum(d for _, d in pairs):
+        return None
+    e = ratio_of_sums([c for c, _ in pairs], [d for _, d in pairs])
+    interval = f" [{max(e.low, 0):.0%}, {min(e.high, 1):.0%}]" if e.confidence else " (one request, no interval)"
+    return MetricLine("acceptance_rate", None, None, None,
+                      f"acceptance {e.estimate:.0%}{interval}, n = {len(pairs)} requests (acceptance pass, C / D)")
 
 
 def judge(run: RunResults, baseline_name: str, target_concurrency: int,
-          capacity_loss_bound: float = DEFAULT_CAPACITY_LOSS) -> list[Verdict]:
+          capacity_loss_bound: float = DEFAULT_CAPACITY_LOSS, policy: policy_mod.Policy | None = None
+          ) -> list[Verdict]:
+    policy = policy or policy_mod.load()
     baseline = run.variant(baseline_name)
     out: list[Verdict] = []
     for v in run.variants:
         if v.name == baseline_name:
             continue
-        tasks = sorted(set(v.acceptance) | {t for per in v.perf.values() for t in per}) or ["all"]
+        tasks = sorted(set(v.acceptance) | {t for per in v.perf.values() for t in per}
+                       | {t for per in v.requests.values() for t in per}) or ["all"]
         for task in tasks:
-            out.append(_judge_one(v, baseline, task, target_concurrency, capacity_loss_bound))
+            out.append(_judge_one(v, baseline, task, target_concurrency, capacity_loss_bound, policy))
     return out
 
 
-def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, target: int,
-               bound: float) -> Verdict:
+def _gain(lines: Sequence[MetricLine]) -> bool:
+    found = {m.metric: m.finding for m in lines}
+    return found.get("tpot") == "better" and found.get("output_tps") == "better"
+
+
+def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, target: int, bound: float,
+               policy: policy_mod.Policy) -> Verdict:
     if v.state != "done":
-        return Verdict(v.name, task, False, f"the run did not finish ({v.state}: {v.error or 'no status'})")
+        return Verdict(v.name, task, "no-go", f"the run did not finish ({v.state}: {v.error or 'no status'})")
     if baseline is None or baseline.state != "done":
-        return Verdict(v.name, task, False, "no finished baseline to compare with")
+        return Verdict(v.name, task, "inconclusive", "no finished baseline to compare with")
     reasons: list[str] = []
-    ok = True
-    tpot, tput = _perf(v, target, task)
-    b_tpot, b_tput = _perf(baseline, target, task)
-    if None in (tpot, tput, b_tpot, b_tput):
-        ok = False
-        reasons.append(f"no performance figures at concurrency {target}")
-    else:
-        assert tpot is not None and tput is not None and b_tpot is not None and b_tput is not None
-        faster, more = tpot < b_tpot, tput > b_tput
-        reasons.append(f"TPOT {_pct(tpot, b_tpot)} and throughput {_pct(tput, b_tput)} vs baseline at "
-                       f"concurrency {target}")
-        if not (faster and more):
-            ok = False
-            lower = [c for c in sorted(v.perf) if c < target and _beats(v, baseline, c, task)]
-            if lower:
-                reasons.append(f"gains only at concurrency {', '.join(map(str, lower))}, below the target")
-            rate = v.acceptance[task].acceptance_rate if task in v.acceptance else None
-            if rate is not None and rate >= HIGH_ACCEPTANCE:
-                reasons.append(f"high acceptance ({rate:.0%}) without an end-to-end gain: "
-                               "the draft costs what it saves")
+    no_go = False
+    perf = perf_lines(v, baseline, target, task, policy)
+    reasons.append(f"at concurrency {target}: " + "; ".join(m.text for m in perf))
+    worse = [TITLES[m.metric] for m in perf if m.finding == "worse"]
+    if worse:
+        no_go = True
+        reasons.append(f"{' and '.join(worse)} worse than the baseline beyond the tolerance")
+    gain = _gain(perf)
+    judged = all(m.finding != "insufficient data" for m in perf if m.metric in ("tpot", "output_tps"))
+    lines = list(perf)
+    accept = _acceptance(v, task)
+    if accept is not None:
+        lines.append(accept)
+        reasons.append(accept.text)
+    if not gain:
+        lower = [c for c in sorted(set(v.requests) | set(v.perf)) if c < target
+                 and _gain(perf_lines(v, baseline, c, task, policy))]
+        if lower:
+            reasons.append(f"gains only at concurrency {', '.join(map(str, lower))}, below the target")
+        rate = v.acceptance[task].acceptance_rate if task in v.acceptance else None
+        if judged and rate is not None and rate >= HIGH_ACCEPTANCE:
+            reasons.append(f"high acceptance ({rate:.0%}) without an end-to-end gain: "
+                           "the draft costs what it saves")
     if task in v.outputs and task in baseline.outputs:
         same = identity(v.outputs[task], baseline.outputs[task])
         if same.all_identical:
             reasons.append(f"outputs identical to the baseline's ({same.identical}/{same.compared})")
         else:
-            ok = False
+            no_go = True
             reasons.append(f"outputs differ from the baseline's in {same.compared - same.identical} of "
                            f"{same.compared} requests (quality check fails)")
     if v.num_gpu_blocks is not None and baseline.num_gpu_blocks:
         loss = 1 - v.num_gpu_blocks / baseline.num_gpu_blocks
         reasons.append(f"KV capacity {-loss:+.0%} ({v.num_gpu_blocks} vs {baseline.num_gpu_blocks} blocks)")
         if loss > bound:
-            ok = False
+            no_go = True
             reasons.append(f"capacity loss above the {bound:.0%} bound")
-    return Verdict(v.name, task, ok, "; ".join(reasons))
-
-
-def _beats(v: VariantResults, baseline: VariantResults, concurrency: int, task: str) -> bool:
-    tpot, tput = _perf(v, concurrency, task)
-    b_tpot, b_tput = _perf(baseline, concurrency, task)
-    if None in (tpot, tput, b_tpot, b_tput):
-        return False
-    assert tpot is not None and tput is not None and b_tpot is not None and b_tput is not None
-    return tpot < b_tpot and tput > b_tput
+    outcome: Outcome = "no-go" if no_go else "go" if gain else "inconclusive"
+    return Verdict(v.name, task, outcome, "; ".join(reasons), tuple(lines))

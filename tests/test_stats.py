@@ -1,4 +1,4 @@
-"""The canary's statistics against scipy and brute force on the same samples, and the judge on known truths."""
+"""Two-sample statistics against scipy and brute force on the same samples, and the canary judge on known truths."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from specwatch import resources
 from specwatch.canary import policy as policy_mod
 from specwatch.canary.judge import judge_task
 from specwatch.canary.samples import Side, parse_window
-from specwatch.canary.stats import compare, hodges_lehmann, mann_whitney, newcombe, wilson
+from specwatch.stats import compare, hodges_lehmann, mann_whitney, newcombe, wilson
 
 REPO = Path(__file__).resolve().parents[1]
 

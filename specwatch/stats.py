@@ -1,4 +1,4 @@
-"""Two-sample statistics for the canary judge, in pure Python: Mann-Whitney U, Hodges-Lehmann, Newcombe.
+"""Two-sample statistics for the judge (`specwatch.judge`), in pure Python: Mann-Whitney U, Hodges-Lehmann, Newcombe.
 
 - `mann_whitney(x, y)`: U of `x` (R1 - n1(n1+1)/2, mid-ranks for ties), the normal
   approximation with the tie correction and a 0.5 continuity correction, two-sided p-value.
@@ -11,6 +11,9 @@
   for the estimate and interval only (the interval gets wider, never narrower than the data allow).
 - `newcombe(k1, n1, k2, n2, confidence)`: p1 - p2 with Newcombe's hybrid score interval
   (from two Wilson intervals) and the pooled two-proportion z-test, for error ratios.
+- `ratio_of_sums(numerators, denominators, confidence)`: sum(a) / sum(b) over requests (an
+  acceptance rate C / D, summed first, then divided) with the ratio estimator's normal interval,
+  the request as the unit (tokens of one request are not independent draws).
 
 `compare()` applies them to one metric: on the log scale for positive, ratio-like metrics
 (the effect and its interval are then candidate / baseline ratios, exp of the log shift);
@@ -136,6 +139,22 @@ def newcombe(k1: int, n1: int, k2: int, n2: int, confidence: float = 0.95) -> tu
     se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
     p_value = 1.0 if se == 0 else min(1.0, 2 * _norm_sf(abs(d) / se))
     return shift, p_value
+
+
+def ratio_of_sums(numerators: Sequence[float], denominators: Sequence[float], confidence: float = 0.95) -> Shift:
+    """sum(a) / sum(b) with the ratio estimator's interval: var = n / (n - 1) * sum((a_i - r b_i)^2) / sum(b)^2."""
+    if len(numerators) != len(denominators) or not numerators:
+        raise ValueError("ratio_of_sums: expected as many numerators as denominators, at least one")
+    total = sum(denominators)
+    if total <= 0:
+        raise ValueError("ratio_of_sums: the denominators add up to 0")
+    r = sum(numerators) / total
+    n = len(numerators)
+    if n < 2:
+        return Shift(r, r, r, 0.0)  # one request: no spread to estimate
+    se = math.sqrt(n / (n - 1) * sum((a - r * b) ** 2 for a, b in zip(numerators, denominators, strict=True))) / total
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    return Shift(r, r - z * se, r + z * se, confidence)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,187 @@
+"""The study's verdict and plots on planted per-request samples (no servers): the judge decides, the lines say why."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import matplotlib.colors
+import pytest
+import yaml
+from matplotlib.figure import Figure
+
+from specwatch import judge, resources
+from specwatch.acceptance import Acceptance
+from specwatch.canary import policy as policy_mod
+from specwatch.load.results import RequestResult
+from specwatch.report import plots, render, verdict
+from specwatch.report.results import Output, RunResults, VariantResults
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_REQUESTS = yaml.safe_load((REPO / "examples/plans/cpu-study.yaml").read_text())["performance"]["requests"]
+TARGET = 2
+LINE = re.compile(r"TPOT [+-]\d+ % \[[+-]\d+ %, [+-]\d+ %\], n = (\d+) / (\d+): (better|worse|no change)")
+
+
+def _requests(task: str, n: int, tpot: float, rng: random.Random, sigma: float = 0.12, tokens: int = 16
+              ) -> list[RequestResult]:
+    """Requests as the real CPU server gives them: a per-request TPOT spread (log sd ~0.1), ITLs around it."""
+    out = []
+    for i in range(n):
+        mean = tpot * rng.lognormvariate(0, sigma)
+        itl = [mean * rng.lognormvariate(0, 0.2) for _ in range(tokens - 1)]
+        ttft = 0.3 * rng.lognormvariate(0, 0.1)
+        start = 10.0 * i
+        out.append(RequestResult(task, True, False, start, start + ttft + sum(itl), ttft, sum(itl) / (tokens - 1),
+                                 itl, tokens, 200))
+    return out
+
+
+def _variant(name: str, n: int, tpot: float, seed: int, *, text: str = "same", blocks: int = 100,
+             accepted: int = 0, state: str = "done") -> VariantResults:
+    rng = random.Random(f"{name}-{seed}")
+    v = VariantResults(name, state, speculative=name != "baseline", num_gpu_blocks=blocks)
+    v.requests = {TARGET: {"code": _requests("code", n, tpot, rng)}}
+    v.outputs = {"code": [Output("code", i, text, "length", 10) for i in range(3)]}
+    if name != "baseline":
+        v.acceptance = {"code": Acceptance(3, 0, accepted, 10, 5, (1, 1, 1, 1, 1), 30)}
+        v.spec_requests = {"code": [(accepted // 3, 3), (accepted // 3, 3), (accepted - 2 * (accepted // 3), 4)]}
+    return v
+
+
+def _run(*variants: VariantResults, timeline: dict[str, Any] | None = None) -> RunResults:
+    return RunResults(Path("."), "t", {}, list(variants), {"code": []}, timeline)
+
+
+def _one(*variants: VariantResults) -> verdict.Verdict:
+    (only,) = verdict.judge(_run(*variants), "baseline", TARGET)
+    return only
+
+
+def test_the_demo_plan_gives_every_cell_the_judges_minimum() -> None:
+    need = yaml.safe_load(resources.CANARY_POLICY.read_text())["min_samples"]
+    assert need == judge.MIN_SAMPLES and DEMO_REQUESTS >= need
+
+
+@pytest.mark.parametrize("n", [3, 10, DEMO_REQUESTS, 60])
+def test_identical_distributions_give_neither_go_nor_no_go(n: int) -> None:
+    for seed in range(4):
+        v = _one(_variant("baseline", n, 0.06, seed), _variant("same", n, 0.06, seed + 100))
+        assert v.outcome == "inconclusive" and v.label == "INCONCLUSIVE", v.reason
+        tpot = next(m for m in v.metrics if m.metric == "tpot")
+        assert tpot.finding == ("insufficient data" if n < judge.MIN_SAMPLES else "no change"), tpot.text
+        assert f"n = {n} / {n}" in tpot.text
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_planted_30_percent_tpot_regression_is_no_go_at_the_demos_sample_size(seed: int) -> None:
+    v = _one(_variant("baseline", DEMO_REQUESTS, 0.06, seed), _variant("slow", DEMO_REQUESTS, 0.078, seed))
+    assert v.outcome == "no-go" and v.label == "NO-GO", v.reason
+    tpot = next(m for m in v.metrics if m.metric == "tpot")
+    assert tpot.finding == "worse" and tpot.comparison is not None and tpot.comparison.state == "high"
+    assert "TPOT" in v.reason and "worse than the baseline beyond the tolerance" in v.reason
+
+
+def test_a_planted_gain_is_go_with_its_interval_and_n() -> None:
+    v = _one(_variant("baseline", DEMO_REQUESTS, 0.06, 1), _variant("fast", DEMO_REQUESTS, 0.04, 1))
+    assert v.go and v.outcome == "go", v.reason
+    match = LINE.search(v.reason)
+    assert match and match.groups() == (str(DEMO_REQUESTS), str(DEMO_REQUESTS), "better"), v.reason
+    assert re.search(r"output tok/s \+\d+ % \[\+\d+ %, \+\d+ %\], n = \d+ / \d+: better", v.reason)
+    assert "acceptance 0% [0%, 0%], n = 3 requests (acceptance pass, C / D)" in v.reason  # drafts, none accepted
+    assert "outputs identical to the baseline's (3/3)" in v.reason
+
+
+def test_too_few_samples_are_inconclusive_never_go_or_no_go() -> None:
+    few = judge.MIN_SAMPLES - 1
+    for tpot in (0.03, 0.06, 0.12):  # twice as fast, the same, twice as slow
+        v = _one(_variant("baseline", few, 0.06, 2), _variant("cand", few, tpot, 2))
+        assert v.outcome == "inconclusive", v.reason
+        assert f"(medians, no interval), n = {few} / {few}: insufficient data (the judge needs " \
+               f"{judge.MIN_SAMPLES} per side)" in v.reason
+    empty = _one(_variant("baseline", 0, 0.06, 2), _variant("cand", 0, 0.06, 2))
+    assert empty.outcome == "inconclusive" and "TPOT: no samples, n = 0 / 0: insufficient data" in empty.reason
+
+
+def test_the_exact_rules_still_decide() -> None:
+    n = DEMO_REQUESTS
+    base = _variant("baseline", n, 0.06, 3)
+    changed = _one(base, _variant("fast", n, 0.04, 3, text="other"))
+    assert changed.outcome == "no-go" and "outputs differ" in changed.reason
+    smaller = _one(base, _variant("fast", n, 0.04, 3, blocks=50))
+    assert smaller.outcome == "no-go" and "capacity loss above the 25% bound" in smaller.reason
+    failed = _one(base, _variant("broken", n, 0.04, 3, state="failed"))
+    assert failed.outcome == "no-go" and "did not finish" in failed.reason
+    high = _one(base, _variant("draft", n, 0.06, 4, accepted=9))
+    assert high.outcome == "inconclusive" and "high acceptance (90%) without an end-to-end gain" in high.reason
+    assert "acceptance 90% [" in high.reason and "n = 3 requests (acceptance pass, C / D)" in high.reason
+    low_only = _variant("lowonly", n, 0.06, 5)
+    low_only.requests[1] = {"code": _requests("code", n, 0.03, random.Random(6))}
+    base.requests[1] = {"code": _requests("code", n, 0.06, random.Random(7))}
+    lower = _one(base, low_only)
+    assert lower.outcome == "inconclusive" and "gains only at concurrency 1, below the target" in lower.reason
+
+
+def test_the_report_says_the_verdict_with_its_lines(tmp_path: Path) -> None:
+    n = DEMO_REQUESTS
+    run = _run(_variant("baseline", n, 0.06, 1), _variant("fast", n, 0.04, 1))
+    policy = policy_mod.load()
+    verdicts = verdict.judge(run, "baseline", TARGET, policy=policy)
+    md = render.markdown(run, "baseline", TARGET, verdicts, [], policy)
+    assert re.search(r"\| fast \| code \| \*\*GO\*\*: at concurrency 2: TPOT -\d+ % \[-\d+ %, -\d+ %\], "
+                     rf"n = {n} / {n}: better", md), md
+    judged = rf"\| fast \| code \| 2 \| TPOT \| 0\.\d+x \[0\.\d+, 0\.\d+\] \| {n} / {n} \| [\d.e-]+ \| better \|"
+    assert re.search(judged, md), md
+
+
+def _timeline(names: list[str]) -> dict[str, Any]:
+    return {"queries": [{"panel": "Server acceptance rate", "unit": "percentunit"}],
+            "variants": {n: {"series": {"Server acceptance rate": [{"name": "", "points": [[0, 0.5], [5, 0.6]]}]}}
+                         for n in names}}
+
+
+def _colour_of(artist: Any) -> set[str]:
+    """The visible colour(s) of a bar, line, point set or line set (transparent fills skipped: hollow markers)."""
+    for name in ("get_color", "get_facecolor", "get_edgecolor"):
+        if not hasattr(artist, name):
+            continue
+        rgba = matplotlib.colors.to_rgba_array(getattr(artist, name)())
+        visible = {matplotlib.colors.to_hex(c) for c in rgba if c[3] > 0}
+        if visible:
+            return visible
+    return set()
+
+
+def test_every_figure_of_a_report_gives_a_variant_the_same_colour(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    names = ["baseline", "ngram", "suffix", "draft"]
+    variants = [_variant(name, 24, 0.06 * (1 + i / 10), 1, accepted=6 * (i > 0)) for i, name in enumerate(names)]
+    for v in variants:
+        v.requests[1] = {"code": _requests("code", 5, 0.05, random.Random(v.name))}  # too few: hollow markers
+    run = _run(*variants, timeline=_timeline(list(reversed(names))))  # another order in the timeline
+    figures: list[tuple[str, Figure]] = []
+    save = plots._save
+
+    def keep(fig: Figure, path: Path) -> Path:
+        figures.append((path.name, fig))
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    made = plots.all_plots(run, "baseline", tmp_path)
+    assert len(made) == len(figures) == 8 and all(p.exists() for p in made)
+    expected = plots.colours(run, "baseline")
+    assert expected["baseline"] == plots.BASELINE_COLOUR and len(set(expected.values())) == len(names)
+    seen: dict[str, set[str]] = {}  # variant -> figures it appears in
+    for png, fig in figures:
+        for artist in fig.findobj(lambda a: a.get_gid() in expected):
+            gid = str(artist.get_gid())
+            colours = _colour_of(artist)
+            assert colours == {expected[gid]}, (png, artist, colours)
+            seen.setdefault(gid, set()).add(png)
+    assert seen["baseline"] >= {"performance_spread.png", "kv_capacity.png", "dashboard_queries.png"}
+    for name in names[1:]:
+        assert seen[name] >= {"acceptance.png", "position_decay.png", "length_histograms.png", "coverage.png",
+                              "performance_spread.png", "relative_performance.png", "kv_capacity.png",
+                              "dashboard_queries.png"}, (name, seen[name])
