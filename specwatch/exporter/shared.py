@@ -64,13 +64,12 @@ class SharedState:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def update(self, change: Callable[[State], State]) -> State:
-        """Apply `change` to the current state under the lock, publish it, bump the version; the new state.
-        Call inside `locked()` only when the caller needs more done under the same lock (it is reentrant here:
-        `update_locked`)."""
+        """Apply `change` to the current state under the lock, publish it, bump the version; the new state."""
         with self.locked():
             return self.update_locked(change)
 
     def update_locked(self, change: Callable[[State], State]) -> State:
+        """`update` for a caller that holds `locked()` and has more to do under the same lock."""
         state = change(json.loads(self._json.read_text()))
         _write_json(self._json, state)
         _VERSION.pack_into(self._map, 0, self.version() + 1)  # after the file: a reader of the new version

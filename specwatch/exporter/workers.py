@@ -117,6 +117,8 @@ class Supervisor:
                     break
         finally:
             self._stop_all()
+            while signal.sigtimedwait(_SIGNALS, 0) is not None:  # a second SIGTERM / SIGINT meanwhile: taken
+                pass
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
             for sock in self.sockets:
                 sock.close()
