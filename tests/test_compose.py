@@ -435,9 +435,11 @@ def test_exporter_command_is_a_valid_exporter_config() -> None:
     args = exporter_parser().parse_args(argv[1:])
     cfg = exporter_config.load({"upstream": args.upstream, "split": args.split, "mirror": args.mirror,
                                 "sticky_header": args.sticky_header, "listen": args.listen,
-                                "event_log": args.event_log, "admin_token_env": args.admin_token_env},
+                                "event_log": args.event_log, "admin_token_env": args.admin_token_env,
+                                "workers": args.workers},
                                args.config_file)
     assert cfg.upstreams == {"baseline": "http://vllm-baseline:8000", "candidate": "http://vllm-candidate:8000"}
+    assert cfg.workers == 1  # the demo's servers keep the cores (EXPORTER_WORKERS raises it)
     assert (cfg.listen_host, cfg.listen_port) == ("0.0.0.0", 9400)
     assert cfg.split == {"candidate": 50.0}
     assert cfg.event_log is not None and cfg.event_log.parent == Path("/var/lib/specwatch")

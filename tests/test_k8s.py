@@ -271,6 +271,13 @@ def test_exporter_upstreams_are_the_variant_services(everything: list[Doc]) -> N
         assert deployment["spec"]["template"]["metadata"]["labels"]["specwatch.io/variant"] == variant
 
 
+def test_the_exporter_requests_a_core_per_worker(everything: list[Doc]) -> None:
+    container = containers(find(everything, "Deployment", "specwatch-exporter"))[0]
+    workers = int(next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--workers=")))
+    assert workers >= 1 and float(container["resources"]["requests"]["cpu"]) >= workers
+    assert "limits" not in container["resources"] or "cpu" not in container["resources"]["limits"]
+
+
 def test_the_exporters_admin_token_comes_from_an_optional_secret(everything: list[Doc]) -> None:
     container = containers(find(everything, "Deployment", "specwatch-exporter"))[0]
     flag = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--admin-token-env="))

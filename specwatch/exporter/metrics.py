@@ -6,6 +6,12 @@ The request families carry `variant` and `task`; the upstream probe's (`specwatc
 Counters end in `_total`; the registry is passed in. Children for every configured variant and
 task, every outcome, every canary verdict and (once k is known) every position are created up
 front so series exist at 0.
+
+With `--workers N` each worker's values live in prometheus_client's multiprocess files and
+`/metrics` sums them (counters and histogram buckets exactly; see `specwatch.exporter.workers`).
+The gauges are state, not per-worker quantities, so they aggregate as `mostrecent`: the probe's
+`specwatch_upstream_up` is the last probe's answer (worker 0 probes), the canary's gauges the
+last verdict pushed through the admin API, whichever worker took it.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ class ExporterMetrics:
                                                  "Per-request draft acceptance rate C / D (requests with D > 0).",
                                                  vt, buckets=RATE_BUCKETS, registry=registry)
         self.upstream_up = Gauge("specwatch_upstream_up", "1 when the upstream answered its last health probe.",
-                                 ["variant"], registry=registry)
+                                 ["variant"], registry=registry, multiprocess_mode="mostrecent")
         self.probe_errors = Counter("specwatch_upstream_probe_errors", "Failed upstream health probes.",
                                     ["variant"], registry=registry)
         self.mirror_outputs = Counter("specwatch_mirror_outputs",
@@ -70,9 +76,9 @@ class ExporterMetrics:
                                       [*vt, "result"], registry=registry)
         self.canary_verdict = Gauge("specwatch_canary_verdict",
                                     "1 for the last verdict `specwatch canary` pushed for the task, 0 for the others.",
-                                    ["task", "verdict"], registry=registry)
+                                    ["task", "verdict"], registry=registry, multiprocess_mode="mostrecent")
         self.canary_score = Gauge("specwatch_canary_score", "The last canary score pushed for the task, 0..100.",
-                                  ["task"], registry=registry)
+                                  ["task"], registry=registry, multiprocess_mode="mostrecent")
         self._k_seen: set[tuple[str, str, int]] = set()
         for task in cfg.task_labels:  # all 0 until a canary pushes a verdict
             for verdict in CANARY_VERDICTS:
