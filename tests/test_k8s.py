@@ -129,6 +129,23 @@ def test_the_validators_reject_broken_objects(everything: list[Doc]) -> None:
             validate(doc)
 
 
+def test_a_cost_table_wraps_into_a_valid_prometheusrule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from specwatch.tune.cost_rules import StepCost, write_cost_rules
+
+    table = tmp_path / "specwatch-cost.yml"
+    write_cost_rules([StepCost("candidate", 1, 0, 0.01), StepCost("candidate", 8, 3, 0.02)], table)
+    assert rules.main(["--wrap", str(table)]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    validate(doc)
+    assert (doc["kind"], doc["metadata"]["name"], doc["metadata"]["namespace"]) == (
+        "PrometheusRule", "specwatch-cost", "specwatch")
+    assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "specwatch"
+    assert doc["spec"]["groups"] == yaml.safe_load(table.read_text())["groups"]
+    (tmp_path / "empty.yml").write_text("{}\n")
+    assert rules.main(["--wrap", str(tmp_path / "empty.yml")]) == 2
+    assert "not a Prometheus rule file" in capsys.readouterr().err
+
+
 def test_namespaces_images_and_labels(everything: list[Doc]) -> None:
     version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M)
     assert version

@@ -1,0 +1,1 @@
+"""Draft-length tuning: the best k per batch size, from measured acceptance and step cost."""
