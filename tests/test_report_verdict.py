@@ -132,7 +132,8 @@ def test_the_report_says_the_verdict_with_its_lines(tmp_path: Path) -> None:
     md = render.markdown(run, "baseline", TARGET, verdicts, [], policy)
     assert re.search(r"\| fast \| code \| \*\*GO\*\*: at concurrency 2: TPOT -\d+ % \[-\d+ %, -\d+ %\], "
                      rf"n = {n} / {n}: better", md), md
-    judged = rf"\| fast \| baseline \| code \| 2 \| TPOT \| 0\.\d+x \[0\.\d+, 0\.\d+\] \| {n} / {n} \| [\d.e-]+ \| better \|"
+    judged = (rf"\| fast \| baseline \| code \| 2 \| TPOT \| 0\.\d+x \[0\.\d+, 0\.\d+\] \| {n} / {n} \| "
+              r"[\d.e-]+ \| better \|")
     assert re.search(judged, md), md
 
 
