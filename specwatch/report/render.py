@@ -44,10 +44,15 @@ def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
     return lines
 
 
+def _own_baselines(run: RunResults, baseline: str) -> str:
+    own = [f"`{v.name}` against `{b.name}`" for v, b in run.candidates(baseline) if b is not None and b.name != baseline]
+    return f" ({', '.join(own)})" if own else ""
+
+
 def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict], plots: list[Path],
              policy: Policy) -> str:
     lines = [f"# specwatch study {run.run_id}", "",
-             f"Baseline: `{baseline}`; target concurrency: {target}. Acceptance comes from the acceptance pass's "
+             f"Baseline: `{baseline}`{_own_baselines(run, baseline)}; target concurrency: {target}. Acceptance comes from the acceptance pass's "
              "per-request fields (summed first, then divided); performance from Locust at fixed concurrency with "
              "`ignore_eos`; the server figures from exact `/metrics` snapshot differences.", "",
              "## Variants and backends", "", "| variant | state | backend | method | num_gpu_blocks | reconciled |",
@@ -58,7 +63,8 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
                      f"{'-' if v.reconciled is None else ('yes' if v.reconciled else 'NO')} |")
     lines += ["", "## Go / no-go", "",
               "GO: TPOT and output tok/s both better than the baseline beyond the tolerance, with evidence; NO-GO: "
-              "a metric worse beyond the tolerance, outputs that differ, or KV capacity lost above the bound; "
+              "TPOT or output tok/s worse beyond the tolerance, outputs that differ, or KV capacity lost above the "
+              "bound (a worse ITL p95 is a caution: speculation streams in bursts of a verify step); "
               f"INCONCLUSIVE otherwise (fewer than {policy.min_samples} requests per side, or no change beyond the "
               "tolerance). Each metric: effect [interval], n = baseline / candidate requests.", "",
               "| variant | task | verdict |", "|---|---|---|"]
