@@ -45,14 +45,16 @@ def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
 
 
 def _own_baselines(run: RunResults, baseline: str) -> str:
-    own = [f"`{v.name}` against `{b.name}`" for v, b in run.candidates(baseline) if b is not None and b.name != baseline]
+    own = [f"`{v.name}` against `{b.name}`" for v, b in run.candidates(baseline)
+           if b is not None and b.name != baseline]
     return f" ({', '.join(own)})" if own else ""
 
 
 def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict], plots: list[Path],
              policy: Policy) -> str:
     lines = [f"# specwatch study {run.run_id}", "",
-             f"Baseline: `{baseline}`{_own_baselines(run, baseline)}; target concurrency: {target}. Acceptance comes from the acceptance pass's "
+             f"Baseline: `{baseline}`{_own_baselines(run, baseline)}; target concurrency: {target}. "
+             "Acceptance comes from the acceptance pass's "
              "per-request fields (summed first, then divided); performance from Locust at fixed concurrency with "
              "`ignore_eos`; the server figures from exact `/metrics` snapshot differences.", "",
              "## Variants and backends", "", "| variant | state | backend | method | num_gpu_blocks | reconciled |",
