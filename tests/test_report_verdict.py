@@ -214,7 +214,7 @@ def test_a_faster_variant_that_streams_in_bursts_is_go_with_a_caution_not_no_go(
     rng = random.Random("bursts")
     fast = _variant("bursty", DEMO_REQUESTS, 0.04, 7)
     for r in fast.requests[TARGET]["code"]:
-        step = r.tpot_s * 3  # three tokens per verify step: two gaps of ~0 and one of a whole step
+        step = (r.tpot_s or 0.04) * 3  # three tokens per verify step: two gaps of ~0 and one of a whole step
         r.itl_s = [step * rng.lognormvariate(0, 0.1) if i % 3 == 2 else 0.0005 for i in range(len(r.itl_s))]
     v = _one(_variant("baseline", DEMO_REQUESTS, 0.06, 7), fast)
     found = {m.metric: m.finding for m in v.metrics}
