@@ -14,6 +14,7 @@ import yaml
 from specwatch import cli
 from specwatch.config import Home
 from specwatch.experiment import PlanError, parse_plan
+from specwatch.experiment.runner import variant_args
 from specwatch.models.build import ModelFolders
 from specwatch.simulator import timing
 from specwatch.simulator.args import parse_sim_args
@@ -163,7 +164,7 @@ acceptance: {rows: 1, max_tokens: 16, concurrency: 2}
 performance: {concurrencies: [1, 64], requests: {1: 20, 64: 32}, warmup: 1, max_tokens: 32, ignore_eos: true}
 sweep:
   method: {method: eagle3, model: RedHatAI/Qwen3-8B-speculator.eagle3}
-  ks: [0, 1, 5]
+  ks: [0, 4, 12]
 """
 
 
@@ -185,10 +186,14 @@ def test_sweep_plan_errors_name_the_key(change: dict[str, object], message: str,
 
 def test_a_sweep_expands_into_one_variant_per_k_against_k0(tmp_path: Path) -> None:
     plan = parse_plan(SWEEP, tmp_path, Home(tmp_path))
-    assert [v.name for v in plan.variants] == ["k0", "k1", "k5"]
+    assert [v.name for v in plan.variants] == ["k0", "k4", "k12"]
     assert plan.variants[0].speculative_config is None
     assert plan.variants[2].speculative_config == {"method": "eagle3", "model": "RedHatAI/Qwen3-8B-speculator.eagle3",
-                                                   "num_speculative_tokens": 5}
+                                                   "num_speculative_tokens": 12}
+    # the server's own timing, and a batch that can hold the largest concurrency (serve_argv caps it at 16)
+    assert all(v.args == ("--enable-per-request-metrics", "--max-num-seqs", "64") for v in plan.variants)
+    argv = variant_args(plan, plan.variants[1])
+    assert argv[len(argv) - 1 - argv[::-1].index("--max-num-seqs") + 1] == "64"  # the last one wins
     assert all(v.baseline == "k0" for v in plan.variants[1:])
     assert plan.performance is not None and plan.performance.requests_at(64) == 32
     example = parse_plan((REPO / "examples/plans/tune-sim.yaml").read_text(), REPO / "examples/plans", Home(tmp_path))
@@ -217,9 +222,9 @@ def _check_tune_outputs(run: Path) -> dict[str, object]:
 
 
 def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
-    """A sweep of EAGLE-3 at k 0, 1, 5 and concurrency 1 and 64 on the simulator at H200 step times: tune keeps k = 5
-    where verification is cheap (batch 1) and drops it where it is 2x a plain step (batch 64); the proof measures
-    the table, and the simulator follows it."""
+    """A sweep of EAGLE-3 at k 0, 4, 12 and concurrency 1 and 64 on the simulator at H200 step times: tune keeps
+    k = 12 where verifying 13 tokens per sequence is cheap (batch 1) and drops it where it costs several plain steps
+    (batch 64); the proof measures the table, and the simulator follows it."""
     plan = tmp_path / "plan.yaml"
     plan.write_text(SWEEP)
     out = tmp_path / "results"
@@ -229,9 +234,9 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     rec = got["rec"]
     assert isinstance(rec, dict)
     chosen = {c["batch"]: c["k"] for c in rec["choices"]}
-    assert chosen[1] == 5 and chosen[64] < 5, rec["num_speculative_tokens_per_batch_size"]
+    assert chosen[1] == 12 and chosen[64] < 12, rec["num_speculative_tokens_per_batch_size"]
     cost = rec["step_cost_seconds"]
-    assert cost["64,5"] / cost["64,0"] > 1.6 > cost["1,5"] / cost["1,0"]  # H200: cheap at 1, dear at 64
+    assert cost["64,12"] / cost["64,0"] > 2.5 > 1.6 > cost["1,12"] / cost["1,0"]  # H200: cheap at 1, dear at 64
     rows = got["proof"]
     assert isinstance(rows, list) and {r["concurrency"] for r in rows} == {1, 64}
     at64 = [r for r in rows if r["concurrency"] == 64]
@@ -272,3 +277,18 @@ sweep:
         env = json.loads((out / "s" / "variants" / "dynamic" / "environment.json").read_text())
         assert env["server_version"] == "0.32.0"
         assert "num_speculative_tokens_per_batch_size" in " ".join(env["argv"])
+
+
+def test_tune_on_a_folder_that_is_not_a_sweep_is_a_usage_error(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["tune", str(tmp_path)]) == cli.EXIT_USAGE
+    assert "sweep.json: missing" in capsys.readouterr().err
+
+
+def test_live_acceptance_carries_on_past_the_served_k_with_the_sweeps_conditional_rates() -> None:
+    from specwatch.tune.live import extend, queries
+    assert extend((0.8, 0.6), (0.9, 0.45, 0.3), 3) == pytest.approx((0.8, 0.6, 0.6 * 0.3 / 0.45))
+    assert extend((0.5,), (), 2) == (0.5, 0.0)
+    q = queries("1h", "candidate")
+    assert 'variant=~"candidate"' in q["per_position"] and "[1h]" in q["decode_steps"]
+    assert 'outcome="ok"' in q["requests"]

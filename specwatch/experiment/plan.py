@@ -103,6 +103,19 @@ def sweep_variant_name(k: int) -> str:
 
 
 DYNAMIC = "dynamic"  # the variant that measures the recommended per-batch-size config
+# Every sweep server times each request itself (engine clock): the step cost must not depend on how
+# promptly a busy client reads its streams.
+SWEEP_ARGS = ("--enable-per-request-metrics",)
+
+
+def sweep_args(server_args: tuple[str, ...], concurrencies: tuple[int, ...]) -> tuple[str, ...]:
+    """The sweep's own serve flags: per-request timing, and room for the largest concurrency in one batch.
+
+    serve_argv's common flags cap the batch at 16 sequences (`--max-num-seqs 16`); a cell above it
+    would measure queueing, not a larger batch. A plan's own `--max-num-seqs` in `server.args` wins."""
+    if any(a == "--max-num-seqs" or a.startswith("--max-num-seqs=") for a in server_args):
+        return SWEEP_ARGS
+    return (*SWEEP_ARGS, "--max-num-seqs", str(max(16, *concurrencies)))
 
 
 @dataclass(frozen=True)
@@ -349,7 +362,7 @@ def _variants(value: Any, plan_model: str, default_backend: BackendSpec, home: H
     return tuple(out)
 
 
-def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass | None,
+def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass | None, server: ServerFlags,
            home: Home) -> tuple[Sweep, tuple[Variant, ...]]:
     m = _mapping(value, "sweep", ("method", "ks", "proof", "max_tpot_ms"))
     method = _spec_config(m.get("method"), "sweep.method", home)
@@ -374,7 +387,7 @@ def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass |
                   None if tpot is None else float(tpot))
     variants = tuple(
         Variant(sweep_variant_name(k), model, None if k == 0 else {**method, "num_speculative_tokens": k}, backend,
-                baseline=None if k == 0 else sweep_variant_name(0))
+                sweep_args(server.args, perf.concurrencies), None if k == 0 else sweep_variant_name(0))
         for k in sweep.ks)
     return sweep, variants
 
@@ -405,7 +418,7 @@ def parse_plan(text: str, base_dir: Path, home: Home) -> StudyPlan:
     performance = _performance(m.get("performance"))
     sweep: Sweep | None = None
     if "sweep" in m:
-        sweep, variants = _sweep(m["sweep"], model, backend, performance, home)
+        sweep, variants = _sweep(m["sweep"], model, backend, performance, _server(m.get("server")), home)
     else:
         variants = _variants(m["variants"], model, backend, home)
     return StudyPlan(

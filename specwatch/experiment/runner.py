@@ -234,7 +234,7 @@ class Runner:
             self.console.print("tune recommends no speculation at any batch size: nothing dynamic to prove")
             return result
         first = self.plan.variants[0]
-        dynamic = Variant(DYNAMIC, self.plan.model, config, first.backend, (), sweep_variant_name(0))
+        dynamic = Variant(DYNAMIC, self.plan.model, config, first.backend, first.args, sweep_variant_name(0))
         folder = self.run.variant(DYNAMIC)
         status = folder.read_status() or {}
         if folder.finished() and status.get("speculative_config") != config:

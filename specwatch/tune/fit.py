@@ -6,8 +6,9 @@
   accepting nothing. For greedy drafting the first i drafts do not depend on k, so every cell
   with k >= i measures the same P_i.
 - Expected tokens per step: E_t(k) = 1 + sum_{i=1..k} P_i (the bonus token plus each accepted draft).
-- Step cost: the median step time of each measured (concurrency, k) cell, linear in log(batch
-  size) between measured concurrencies and held flat outside them.
+- Step cost: the median step time of each measured (concurrency, k) cell at the cell's median
+  measured batch (requests in flight, `sweep.in_flight`), linear in log(batch size) between a k's
+  measured batches and held flat outside them.
 - Per batch size b, per k: output tokens per second per stream = sum_t w_t E_t(k) / cost(b, k)
   (w the task mix) and each task's expected TPOT cost(b, k) / E_t(k). The recommended k is the
   smallest k within `tolerance` of the best throughput among the k whose every task meets the
@@ -50,23 +51,31 @@ def expected_tokens(per_position: Sequence[float], k: int) -> float:
 
 @dataclass(frozen=True)
 class CostTable:
-    """Median seconds per decode step at measured (batch size, k); `at` interpolates in log(batch)."""
+    """Median seconds per decode step per measured (concurrency, k) cell, at the cell's measured batch size.
 
-    batches: tuple[int, ...]
-    seconds: Mapping[tuple[int, int], float]  # (batch, k)
+    `at` interpolates a k's cells in log(batch); `measured` (default: batch = concurrency) is the
+    median number of requests in flight the cell's requests decoded with."""
+
+    batches: tuple[int, ...]  # the measured concurrencies
+    seconds: Mapping[tuple[int, int], float]  # (concurrency, k)
+    measured: Mapping[tuple[int, int], float] | None = None  # (concurrency, k) -> batch
+
+    def batch(self, concurrency: int, k: int) -> float:
+        return (self.measured or {}).get((concurrency, k), float(concurrency))
 
     def at(self, batch: float, k: int) -> float:
-        xs = self.batches
+        points = sorted((self.batch(c, k), self.seconds[(c, k)]) for c in self.batches)
+        xs = [max(x, 1.0) for x, _ in points]
         if batch <= xs[0]:
-            return self.seconds[(xs[0], k)]
+            return points[0][1]
         if batch >= xs[-1]:
-            return self.seconds[(xs[-1], k)]
+            return points[-1][1]
         hi = bisect.bisect_left(xs, batch)
         lo = hi - 1
-        if xs[hi] == batch:
-            return self.seconds[(xs[hi], k)]
+        if xs[hi] == xs[lo]:
+            return points[hi][1]
         w = (math.log(batch) - math.log(xs[lo])) / (math.log(xs[hi]) - math.log(xs[lo]))
-        return self.seconds[(xs[lo], k)] * (1 - w) + self.seconds[(xs[hi], k)] * w
+        return points[lo][1] * (1 - w) + points[hi][1] * w
 
 
 @dataclass(frozen=True)
@@ -157,9 +166,10 @@ def acceptance_records(sweep: Sweep) -> dict[str, list[tuple[int, Sample]]]:
 
 
 def cost_table(cells: Mapping[tuple[int, int], Sequence[Sample]]) -> CostTable:
-    """From (k, concurrency) -> requests: the median step time per (batch = concurrency, k)."""
+    """From (k, concurrency) -> requests: the median step time and the median measured batch per cell."""
     seconds = {(c, k): median([s.step_s for s in samples]) for (k, c), samples in cells.items()}
-    return CostTable(tuple(sorted({c for (_k, c) in cells})), seconds)
+    measured = {(c, k): median([s.batch or float(c) for s in samples]) for (k, c), samples in cells.items()}
+    return CostTable(tuple(sorted({c for (_k, c) in cells})), seconds, measured)
 
 
 def build_model(sweep: Sweep, mix: Mapping[str, float] | None = None,

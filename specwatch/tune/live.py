@@ -45,7 +45,7 @@ def extend(live: Sequence[float], sweep: Sequence[float], k: int) -> tuple[float
     out = list(live[:k])
     while len(out) < k:
         i = len(out)
-        prev_sweep = sweep[i - 1] if i >= 1 else 1.0
+        prev_sweep = 1.0 if i == 0 else (sweep[i - 1] if i - 1 < len(sweep) else 0.0)
         rate = sweep[i] / prev_sweep if i < len(sweep) and prev_sweep > 0 else 0.0
         out.append((out[-1] if out else 1.0) * rate)
     return tuple(out)

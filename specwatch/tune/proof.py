@@ -140,13 +140,15 @@ def conclusions(sweep: Sweep, result: Sequence[Row], backend: str | None) -> lis
            + "; ".join(f"{WORDS[r.vs_single.state]} on {r.task} (TPOT ratio {_effect(r.vs_single)})" for r in tops)
            + "."]
     firsts = {r.concurrency: r for r in result}
-    followed = [r for r in firsts.values() if r.table_k < int((sweep.dynamic_config or {})["num_speculative_tokens"])
-                and r.drafts_per_step is not None]
-    if followed:
-        ok = all(r.drafts_per_step is not None and r.drafts_per_step <= r.table_k + 0.5 for r in followed)
-        out.append("- The server " + ("followed" if ok else "did NOT follow") + " the per-batch-size table: drafts "
-                   "per drafting step " + ", ".join(f"{r.drafts_per_step:.2f} at concurrency {r.concurrency} "
-                                                    f"(table K {r.table_k})" for r in followed) + ".")
+    top_k = int((sweep.dynamic_config or {})["num_speculative_tokens"])
+    lowered = [r for r in firsts.values() if r.table_k < top_k and r.drafts_per_step is not None]
+    if lowered:  # a server that ignored the table would draft the static k (async methods: exactly) everywhere
+        ok = all(r.drafts_per_step is not None and r.drafts_per_step < top_k - 0.5 for r in lowered)
+        out.append("- The server " + ("followed" if ok else "did NOT follow") + " the per-batch-size table: where it "
+                   f"gives less than the static k={top_k}, drafts per drafting step were "
+                   + ", ".join(f"{r.drafts_per_step:.2f} at concurrency {r.concurrency} (table K {r.table_k})"
+                               for r in lowered)
+                   + " (the batch wanders around the concurrency while users start and the last round drains).")
     if backend == "sim":
         out.append("- Measured on the simulator (`specwatch sim`, H200 step times): a proof on the modelled GPU, "
                    "not on a real one.")

@@ -116,14 +116,18 @@ def markdown(sweep: Sweep, rec: Recommendation) -> str:
     for t, p in m.acceptance.items():
         out.append(f"| {t} | " + " | ".join(f"{x:.3f}" for x in p) + " | "
                    + " | ".join(f"{fit.expected_tokens(p, k):.2f}" for k in ks if k) + " |")
-    out += ["", "## Step cost (median ms per decode step, and its ratio to a plain step)", "",
-            "From the client's TPOT: step time = TPOT x (output tokens - 1) / decode steps, decode steps from each "
-            "request's `metrics.speculative_decoding` (max(R, n - 1 - C)); batch size = the cell's concurrency.",
-            "", "| batch | " + " | ".join(_k(k) for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
+    out += ["", "## Step cost (median ms per decode step, its ratio to a plain step, the measured batch)", "",
+            "Per request: step time = TPOT x (output tokens - 1) / decode steps, the TPOT on the server's clock "
+            "(`--enable-per-request-metrics`; the client's where the server gave none), decode steps from its "
+            "`metrics.speculative_decoding` (max(R, n - 1 - C)); batch = the median over the cell's requests of the "
+            "requests in flight while each decoded (a closed loop at concurrency C runs about C, less while Locust "
+            "spawns its users and while the last round drains).",
+            "", "| concurrency | " + " | ".join(_k(k) for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
     for b in m.cost.batches:
         plain = m.cost.seconds[(b, 0)]
         out.append(f"| {b} | " + " | ".join(
-            f"{1000 * m.cost.seconds[(b, k)]:.2f} ({m.cost.seconds[(b, k)] / plain:.2f}x)" for k in ks) + " |")
+            f"{1000 * m.cost.seconds[(b, k)]:.2f} ({m.cost.seconds[(b, k)] / plain:.2f}x, b={m.cost.batch(b, k):.0f})"
+            for k in ks) + " |")
     out += ["", "![k against batch size; expected gain per k](tune.png)", "",
             "Files: `speculative-config.json` (the exact flag value), `recommendation.json` (everything above), "
             "`cost-rules.yml` (the step-cost table for Prometheus: the live panel's \"best k at the current "

@@ -48,8 +48,8 @@ def tune(sweep: Sweep, *, mix: Mapping[str, float] | None = None, max_tpot_ms: f
 
 
 def step_costs(sweep: Sweep, model: fit.Model) -> list[StepCost]:
-    return [StepCost(sweep.label, b, k, round(model.cost.seconds[(b, k)], 6))
-            for b in model.cost.batches for k in sweep.ks]
+    """The fitted step cost at each measured concurrency for every k (interpolated at the batch size itself)."""
+    return [StepCost(sweep.label, b, k, round(model.cost.at(b, k), 6)) for b in model.cost.batches for k in sweep.ks]
 
 
 def write(sweep: Sweep, rec: Recommendation, out: Path) -> None:
@@ -65,6 +65,7 @@ def write(sweep: Sweep, rec: Recommendation, out: Path) -> None:
         "expected_tokens_per_step": {t: {str(k): fit.expected_tokens(p, k) for k in sweep.ks}
                                      for t, p in m.acceptance.items()},
         "step_cost_seconds": {f"{b},{k}": s for (b, k), s in sorted(m.cost.seconds.items())},
+        "measured_batch": {f"{b},{k}": m.cost.batch(b, k) for (b, k) in sorted(m.cost.seconds)},
         "gains": [{"batch": b, "k": k, "gain": i.estimate, "low": i.low, "high": i.high}
                   for (b, k), i in sorted(rec.gains.items())],
         "choices": [{"batch": c.batch, "k": c.k, "tpot_ms": dict(c.tpot_ms), "meets_objective": c.meets_objective}
