@@ -206,7 +206,7 @@ def test_a_sweep_expands_into_one_variant_per_k_against_k0(tmp_path: Path) -> No
 def _check_tune_outputs(run: Path) -> dict[str, object]:
     tune = run / "tune"
     for name in ("speculative-config.json", "recommendation.json", "cost-rules.yml", "tune.md", "tune.png",
-                 "proof.md", "proof.json"):
+                 "proof.md", "proof.json", "proof-mix.json"):
         assert (tune / name).is_file(), name
     config = json.loads((tune / "speculative-config.json").read_text())
     rec = json.loads((tune / "recommendation.json").read_text())
@@ -218,7 +218,8 @@ def _check_tune_outputs(run: Path) -> dict[str, object]:
     md = (tune / "tune.md").read_text()
     assert "## Recommendation" in md and "**Use " in md and "Why:" in md
     assert "groups:" in (tune / "cost-rules.yml").read_text()
-    return {"config": config, "rec": rec, "proof": json.loads((tune / "proof.json").read_text())}
+    return {"config": config, "rec": rec, "proof": json.loads((tune / "proof.json").read_text()),
+            "mix": json.loads((tune / "proof-mix.json").read_text())}
 
 
 def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
@@ -242,6 +243,9 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     at64 = [r for r in rows if r["concurrency"] == 64]
     assert all(r["drafts_per_step"] <= r["table_k"] + 0.5 for r in at64), at64  # the server followed the table
     assert all(r["n_dynamic"] >= 20 for r in rows)
+    # at batch 64 the table's k = 4 beats the fixed k = 12 a user would pick at concurrency 1, over the mix
+    mix = {r["concurrency"]: r for r in got["mix"]}  # type: ignore[attr-defined]
+    assert mix[64]["single_k"] == 12 and mix[64]["vs_single"][1] > 1.0, mix[64]
     status = json.loads((out / "t" / "variants" / "dynamic" / "status.json").read_text())
     assert status["state"] == "done" and status["speculative_config"] == got["config"]
 

@@ -9,6 +9,7 @@ under `interrupted/` and redone.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import traceback
@@ -39,6 +40,7 @@ from specwatch.experiment.layout import (
 from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, sweep_variant_name
 from specwatch.experiment.timeline import PrometheusError, Timeline, Window
 from specwatch.net import free_port
+from specwatch.stats import median
 from specwatch.vllm_cpu.server import serve_argv
 from specwatch.workloads import Row, load_jsonl, write_article_workloads
 
@@ -369,7 +371,7 @@ class Runner:
                 failures = sum(t["failures"] for t in summary["tasks"].values())
                 perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"]}
                 if self.plan.sweep is not None:
-                    self.console.print(cell_line(v, c, summary))
+                    self.console.print(cell_line(v, c, summary, folder.perf(c) / "requests.jsonl"))
                 advance()
         after = snapshot.take(url)
         snapshot.write(after, folder.metrics_after)
@@ -384,14 +386,24 @@ class Runner:
         return status
 
 
-def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any]) -> str:
-    """A sweep cell's progress line: the variant, its k, the concurrency, requests and TPOT p50 per task."""
+def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], requests_file: Path) -> str:
+    """A sweep cell's progress line: the variant, its k, the concurrency, requests and TPOT p50 per task.
+
+    The TPOT is the server's (`mean_itl_ms`) where it reported one: a busy client's own is bunched."""
     k = (v.speculative_config or {}).get("num_speculative_tokens", 0)
     table = (v.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
     what = f"k per batch size {table}" if table else f"k={k}"
-    tasks = ", ".join(f"{task} {s['requests'] - s['failures']}/{s['requests']} ok, TPOT p50 {s['tpot_ms']['p50']} ms"
-                      for task, s in summary["tasks"].items())
-    return f"cell {v.name} ({what}) at concurrency {concurrency}: {tasks}"
+    server: dict[str, list[float]] = {}
+    for line in requests_file.read_text().splitlines() if requests_file.exists() else []:
+        r = json.loads(line) if line.strip() else {}
+        itl = (r.get("server") or {}).get("mean_itl_ms")
+        if r.get("ok") and not r.get("warmup") and isinstance(itl, int | float):
+            server.setdefault(r["task"], []).append(float(itl))
+    parts = []
+    for task, s in summary["tasks"].items():
+        tpot = f"{median(server[task]):.2f} ms (server)" if server.get(task) else f"{s['tpot_ms']['p50']} ms"
+        parts.append(f"{task} {s['requests'] - s['failures']}/{s['requests']} ok, TPOT p50 {tpot}")
+    return f"cell {v.name} ({what}) at concurrency {concurrency}: {', '.join(parts)}"
 
 
 def _now() -> str:
