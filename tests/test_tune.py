@@ -297,3 +297,10 @@ def test_live_acceptance_carries_on_past_the_served_k_with_the_sweeps_conditiona
     q = queries("1h", "candidate")
     assert 'variant=~"candidate"' in q["per_position"] and "[1h]" in q["decode_steps"]
     assert 'outcome="ok"' in q["requests"]
+
+
+def test_make_tune_sim_runs_the_example_sweep_then_tune_without_the_vllm_install() -> None:
+    from tests.test_makefile import dry_run
+    commands = dry_run("tune-sim")
+    assert "experiment examples/plans/tune-sim.yaml" in commands and "specwatch tune results/" in commands
+    assert "vllm-cpu setup" not in commands and "models build" not in commands
