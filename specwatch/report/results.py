@@ -195,6 +195,11 @@ def load(folder: Path) -> RunResults:
     declared = plan.get("variants") or {}
     if isinstance(declared, list):  # a list of {name: ..., ...} is accepted too
         declared = {str(v["name"]): v for v in declared if isinstance(v, dict) and "name" in v}
+    if not declared and isinstance(plan.get("sweep"), dict):  # a sweep: k0, k1, ... and dynamic, as they ran
+        for name in run.get("variants", []):
+            status_path = folder / "variants" / str(name) / "status.json"
+            status = _json(status_path) if status_path.exists() else {}
+            declared[str(name)] = {"speculative_config": status.get("speculative_config")}
     variants = [_variant(folder / "variants" / str(name), str(name), spec if isinstance(spec, dict) else {})
                 for name, spec in declared.items()]
     timeline = _json(folder / "timeline.json") if (folder / "timeline.json").exists() else None
