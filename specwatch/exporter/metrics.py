@@ -16,6 +16,8 @@ last verdict pushed through the admin API, whichever worker took it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from specwatch.exporter.config import ExporterConfig
@@ -29,6 +31,30 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 1
                300.0, 600.0)
 RATE_BUCKETS = tuple(i / 10 for i in range(1, 11))
 CANARY_VERDICTS = ("pass", "marginal", "fail", "insufficient")  # `specwatch canary --push-to`
+
+
+class Children:
+    """One (variant, task)'s children of the request families, looked up once: `labels()` costs
+    microseconds per call (argument checks, a lock, a dict), and a request touches about ten of them."""
+
+    __slots__ = ("requests", "missing", "steps", "draft_tokens", "accepted", "decode_steps", "prompt_tokens",
+                 "completion_tokens", "ttft", "tpot", "itl", "e2e", "request_acceptance_rate")
+
+    def __init__(self, m: ExporterMetrics, variant: str, task: str) -> None:
+        vt = (variant, task)
+        self.requests: dict[str, Any] = {}  # outcome -> child, filled on first use
+        self.missing: Any = m.missing.labels(*vt)
+        self.steps: Any = m.steps.labels(*vt)
+        self.draft_tokens: Any = m.draft_tokens.labels(*vt)
+        self.accepted: Any = m.accepted.labels(*vt)
+        self.decode_steps: Any = m.decode_steps.labels(*vt)
+        self.prompt_tokens: Any = m.prompt_tokens.labels(*vt)
+        self.completion_tokens: Any = m.completion_tokens.labels(*vt)
+        self.ttft: Any = m.ttft.labels(*vt)
+        self.tpot: Any = m.tpot.labels(*vt)
+        self.itl: Any = m.itl.labels(*vt)
+        self.e2e: Any = m.e2e.labels(*vt)
+        self.request_acceptance_rate: Any = m.request_acceptance_rate.labels(*vt)
 
 
 class ExporterMetrics:
@@ -79,7 +105,8 @@ class ExporterMetrics:
                                     ["task", "verdict"], registry=registry, multiprocess_mode="mostrecent")
         self.canary_score = Gauge("specwatch_canary_score", "The last canary score pushed for the task, 0..100.",
                                   ["task"], registry=registry, multiprocess_mode="mostrecent")
-        self._k_seen: set[tuple[str, str, int]] = set()
+        self._positions: dict[tuple[str, str, int], tuple[list[Any], list[Any]]] = {}
+        self._children: dict[tuple[str, str], Children] = {}
         for task in cfg.task_labels:  # all 0 until a canary pushes a verdict
             for verdict in CANARY_VERDICTS:
                 self.canary_verdict.labels(task, verdict)
@@ -97,12 +124,22 @@ class ExporterMetrics:
                     for result in ("identical", "different"):
                         self.mirror_outputs.labels(variant, task, result)
 
-    def ensure_positions(self, variant: str, task: str, k: int) -> None:
-        """Pre-create position and histogram children once a variant's k is known (at most MAX_K: parse checks)."""
-        if (variant, task, k) in self._k_seen:
-            return
-        self._k_seen.add((variant, task, k))
-        for p in range(k):
-            self.per_pos.labels(variant, task, str(p))
-        for a in range(k + 1):
-            self.by_accepted.labels(variant, task, str(a))
+    def of(self, variant: str, task: str) -> Children:
+        """The cached children of (variant, task) (variant and task are bounded: the configured names)."""
+        try:
+            return self._children[variant, task]
+        except KeyError:
+            child = self._children[variant, task] = Children(self, variant, task)
+            return child
+
+    def ensure_positions(self, variant: str, task: str, k: int) -> tuple[list[Any], list[Any]]:
+        """Pre-create position and histogram children once a variant's k is known (at most MAX_K: parse checks);
+        returns them, cached: the `accepted` children 0..k and the `position` children 0..k-1."""
+        try:
+            return self._positions[variant, task, k]
+        except KeyError:
+            pass
+        by_accepted = [self.by_accepted.labels(variant, task, str(a)) for a in range(k + 1)]
+        per_pos = [self.per_pos.labels(variant, task, str(p)) for p in range(k)]
+        self._positions[variant, task, k] = by_accepted, per_pos
+        return by_accepted, per_pos
