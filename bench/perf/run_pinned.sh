@@ -38,7 +38,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-DEV=${DEVPERF:-$ROOT/.devperf}
+DEV=$(cd "${DEVPERF:-$ROOT/.devperf}" && pwd)
 WORK=${PERF_WORK:-/tmp/perfdev}
 DATE=$(date +%Y-%m-%d)
 RESDIR=${RESULTS_DIR:-$WORK/out}
@@ -143,9 +143,13 @@ os.execvp(sys.argv[2], sys.argv[2:])
 EOF
 if command -v taskset >/dev/null; then PIN=(taskset -c); else PIN=(python3 "$WORK/pin.py"); fi
 
+# Every process starts in $RUN with PYTHONSAFEPATH: run from the checkout's root, `python3 -m specwatch.cli`
+# would import the checkout's own specwatch/ (the working directory comes first on sys.path), not
+# .devperf/src or src-ref, and both builds would be the same code (the 2026-12-02 runs were).
+export PYTHONSAFEPATH=1
 start() {  # start NAME CPUS CMD...: pinned, in the background, its PID remembered
   local name=$1 cpus=$2; shift 2
-  "${PIN[@]}" "$cpus" "$@" >"$RUN/$name.log" 2>&1 &
+  ( cd "$RUN" && exec "${PIN[@]}" "$cpus" "$@" ) >"$RUN/$name.log" 2>&1 &
   PIDS+=("$!"); NAMES+=("$name")
   log "started $name PID $! on CPU(s) $cpus"
 }
@@ -249,7 +253,13 @@ for n in ("aiohttp", "multidict", "yarl", "uvloop", "PyYAML", "prometheus_client
 print(", ".join(out))
 EOF2
 )"
-note "specwatch: $(env PYTHONPATH="$SRC:$SITE" python3 -c 'import specwatch; print(specwatch.__version__)' 2>&1) from commit $(cat "$SRC/COMMIT" 2>/dev/null || echo unknown)"
+build_of() {  # build_of DIR: the specwatch a process started as `start` starts it imports, or die
+  local dir=$1 file
+  file=$(cd "$RUN" && env PYTHONPATH="$dir:$SITE" python3 -c 'import specwatch; print(specwatch.__file__)' 2>&1)
+  [[ "$file" == "$dir/specwatch/__init__.py" ]] || die "specwatch from $dir imports $file instead"
+  echo "$(cd "$RUN" && env PYTHONPATH="$dir:$SITE" python3 -c 'import specwatch; print(specwatch.__version__)') at $file, commit $(cat "$dir/COMMIT" 2>/dev/null || echo unknown)"
+}
+note "specwatch: $(build_of "$SRC")"
 
 # nginx: Debian's package, unpacked (never into /)
 NGX_ROOT=/tmp/nginx
@@ -387,7 +397,7 @@ META+=(--meta "specwatch=python3 -m specwatch.cli exporter --upstream baseline=h
 
 if [[ -d "$DEV/src-ref/specwatch" ]]; then
   [[ -n "${CPU[specwatchref]:-}" ]] || die "--cpus has no specwatchref (needed for .devperf/src-ref)"
-  note "specwatch-ref: $(env PYTHONPATH="$DEV/src-ref:$SITE" python3 -c 'import specwatch; print(specwatch.__version__)' 2>&1) from commit $(cat "$DEV/src-ref/COMMIT" 2>/dev/null || echo unknown)"
+  note "specwatch-ref: $(build_of "$DEV/src-ref")"
   XR=$(free_port)
   start specwatch-ref "${CPU[specwatchref]}" env PYTHONPATH="$DEV/src-ref:$SITE" PYTHONUNBUFFERED=1 python3 -m specwatch.cli exporter \
     --upstream "baseline=http://127.0.0.1:$UP" --web.listen-address "127.0.0.1:$XR"
