@@ -145,19 +145,20 @@ class SseRelay:
         self.last: list[bytes] = []
 
     def feed(self, chunk: bytes) -> bytes:
+        # The usual read: one whole single-line event, an ordinary content chunk. Where the splitter holds
+        # nothing, it would cut this very event with this very payload (see `sse._data`); anything else
+        # goes the general way below.
+        if (not self.saw_done and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2
+                and chunk.endswith(b"\n\n") and self.splitter.empty()):
+            text = plain_text(chunk[6:-2])
+            if text is not None:
+                if text:
+                    self.record.saw_tokens(text, time.perf_counter(), self.metrics)
+                return chunk
         events = self.splitter.feed(chunk)
         if not events:
             return b""
         now = time.perf_counter()  # one clock per read: its events arrived together
-        if len(events) == 1 and not self.saw_done:  # the usual read: one ordinary content chunk
-            event = events[0]
-            data = event.data
-            if data is not None:
-                text = plain_text(data)
-                if text is not None:
-                    if text:
-                        self.record.saw_tokens(text, now, self.metrics)
-                    return event.raw
         out: list[bytes] = []
         for event in events:
             self._handle(event, now, out)

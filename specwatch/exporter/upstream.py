@@ -81,7 +81,18 @@ class Connection(asyncio.Protocol):
             state = self._state
             if not data or state == _DONE:
                 return
-        if _CHUNK_SIZE <= state <= _TRAILER:
+        if state == _CHUNK_SIZE and not self._buf:  # the usual read: exactly one whole chunk
+            eol = data.find(b"\r\n")
+            if 0 < eol < 16:
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = 0
+                if size > 0 and len(data) == eol + size + 4 and data.endswith(b"\r\n"):
+                    self._body(data[eol + 2:-2])
+                    return
+            self._chunked(data)
+        elif _CHUNK_SIZE <= state <= _TRAILER:
             self._chunked(data)
         elif state == _LENGTH:
             take = data[:self._left]

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Assembles the folder that travels to the many-core benchmark host (no network there) for run_pinned.sh:
+#   DEST/whl/     wheels for CPython 3.12 manylinux x86-64: aiohttp and its needs, prometheus_client, uvloop,
+#                 pyyaml, at the versions pyproject.toml pins (the needs at this venv's versions)
+#   DEST/deb/     Debian's nginx + nginx-common (apt-get download, this host's Debian release)
+#   DEST/src/     this checkout's `specwatch` package and COMMIT (the commit, "+dirty" with local changes)
+#   DEST/src-ref/ with --ref REV: the `specwatch` package at REV (git archive), measured beside it as
+#                 `specwatch-ref` in the same rounds (before / after under the same conditions)
+# vllm-router (DEST/whl-router/) is left out: run_pinned.sh then reports it as not installed.
+# Usage: bench/perf/assemble_devperf.sh [--dest DIR] [--ref REV] [--python PY]   (default DIR: ./.devperf)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DEST=$ROOT/.devperf
+REF=""
+PY=${PYTHON:-python3}
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --dest) DEST="$2"; shift 2 ;;
+    --ref) REF="$2"; shift 2 ;;
+    --python) PY="$2"; shift 2 ;;
+    *) echo "assemble_devperf.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+pin() { grep -oE "\"$1==[^\"]+\"" "$ROOT/pyproject.toml" | tr -d '"'; }
+have() { "$PY" -c "from importlib.metadata import version; print('$1==' + version('$1'))"; }
+rm -rf "$DEST/whl" "$DEST/deb" "$DEST/src" "$DEST/src-ref"
+mkdir -p "$DEST/whl" "$DEST/deb" "$DEST/src"
+WANT=("$(pin aiohttp)" "$(pin prometheus_client)" "$(pin uvloop)" "$(pin pyyaml)")
+for dep in multidict yarl frozenlist aiosignal attrs propcache aiohappyeyeballs idna; do WANT+=("$(have "$dep")"); done
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$DEST/whl" "${WANT[@]}"
+(cd "$DEST/deb" && apt-get download nginx nginx-common >/dev/null)
+cp -r "$ROOT/specwatch" "$DEST/src/"
+find "$DEST/src" -name __pycache__ -prune -exec rm -rf {} +
+commit=$(git -C "$ROOT" rev-parse HEAD)
+git -C "$ROOT" diff --quiet HEAD -- specwatch || commit="$commit+dirty"
+echo "$commit" >"$DEST/src/COMMIT"
+if [[ -n "$REF" ]]; then
+  mkdir -p "$DEST/src-ref"
+  git -C "$ROOT" archive "$REF" specwatch | tar -x -C "$DEST/src-ref"
+  git -C "$ROOT" rev-parse "$REF" >"$DEST/src-ref/COMMIT"
+fi
+du -sh "$DEST"
+ls "$DEST"/whl "$DEST"/deb
