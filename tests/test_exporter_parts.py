@@ -253,7 +253,7 @@ def test_direct_relay_is_byte_identical_and_exact_however_the_bytes_arrive(strip
         expected = stream
     text = " a" + " é\n" + " été" + " b"
     rng = random.Random(18)
-    cases = [([len(stream)], []), ([1] * len(stream), [])]
+    cases: list[tuple[list[int], list[int]]] = [([len(stream)], []), ([1] * len(stream), [])]
     for _ in range(60):
         sizes = [rng.randint(1, 300) for _ in range(8)]
         wire = _chunked(stream, sizes)

@@ -120,7 +120,7 @@ class Stub:
         if not body.get("stream"):
             await asyncio.sleep(max(0.0, t_arrival + self.ttft_s + (n - 1) * self.interval_s
                                     - loop.time()))
-            resp = {
+            answer = {
                 "id": rid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant",
                                                      "content": "".join(text_of)},
@@ -130,7 +130,7 @@ class Stub:
                             "queue_time_ms": None, "mean_itl_ms": None,
                             "tokens_per_second": None, **metrics},
             }
-            return web.json_response(resp, dumps=dumps)
+            return web.json_response(answer, dumps=dumps)
 
         head = (f'data: {{"id":{dumps(rid)},"object":"chat.completion.chunk",'
                 f'"created":{created},"model":{dumps(model)},"choices":')
