@@ -14,7 +14,8 @@ request yields the same text. Also serves non-streaming chat, `GET /v1/models` a
 
 Usage: python stub_upstream.py --port 18001 [--chunks 64] [--interval-ms 10] [--ttft-ms 20]
 
-Origin: ../shared/perf/stub_upstream.py (the issue 18 reference harness), brought into the repo as is.
+Origin: ../shared/perf/stub_upstream.py (the issue 18 reference harness), brought into the repo (one variable
+renamed for mypy).
 """
 
 from __future__ import annotations
