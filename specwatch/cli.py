@@ -41,6 +41,8 @@ VERBS: dict[str, Verb] = {
     "demo": Verb("specwatch.verbs.demo", "the main job: real vLLM on CPU, n-gram, per-task acceptance"),
     "up": Verb("specwatch.stack.cli",
                "the stack on loopback without Docker: servers, exporter, Prometheus, Locust"),
+    "tune": Verb("specwatch.tune.cli",
+                 "from a sweep: the best draft length per batch size, as a --speculative-config, with its proof"),
     "report": Verb("specwatch.report.cli",
                    "Markdown + HTML report with plots and a go / no-go for an experiment"),
     "canary": Verb("specwatch.canary.cli",

@@ -89,6 +89,22 @@ class ExporterFamilies:
 
 
 @dataclass(frozen=True)
+class CostTable:
+    """The record names of a step-cost table (`specwatch.tune.cost_rules` writes them, the best-k rules read them).
+
+    A cost table is a static rule file of constants: the median step time per variant, batch size and draft
+    length k, and per variant and batch size the range of running batch sizes it stands for (lower exclusive,
+    upper inclusive), so PromQL can pick the row of the current batch with two comparisons.
+    """
+
+    step_cost: str = "variant_batch_size_k:specwatch_step_cost_seconds:median"
+    batch_lower: str = "variant_batch_size:specwatch_step_cost_batch_range:lower"
+    batch_upper: str = "variant_batch_size:specwatch_step_cost_batch_range:upper"
+    # the rule files Prometheus loads besides its own (relative to prometheus.yml): where a cost table goes
+    folder: str = "tuned"
+
+
+@dataclass(frozen=True)
 class AlertSetting:
     """One alert's name (a contract: runbook heading, silences, routes), threshold, `for:` and severity."""
 
@@ -143,6 +159,9 @@ class MonitoringSettings:
     quantiles: tuple[str, ...] = ("0.5", "0.95", "0.99")
     # the conditional per-position acceptance is recorded up to this position (vLLM configs rarely draft > 8)
     max_conditional_position: int = 15
+    # expected tokens per step are recorded for k = 0 .. this, and the best k is searched over the same range
+    max_expected_k: int = 15
+    cost_table: CostTable = field(default_factory=CostTable)
     # the canary ratios compare these two variants (the exporter's and compose's route names)
     baseline: str = "baseline"
     candidate: str = "candidate"

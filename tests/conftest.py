@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -129,12 +129,13 @@ def sim_baseline(sim_factory: Callable[[list[str]], SimServer]) -> SimServer:
 
 
 @pytest.fixture(scope="session")
-def prometheus_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Targets], PrometheusServer]]:
-    """The Debian Prometheus on the repository's configuration and the given targets, stopped at the end."""
+def prometheus_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., PrometheusServer]]:
+    """The Debian Prometheus on the repository's configuration and the given targets (and tuned rule files, such
+    as a cost table), stopped at the end."""
     started: list[PrometheusServer] = []
 
-    def start(targets: Targets) -> PrometheusServer:
-        server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets, free_port()).start()
+    def start(targets: Targets, tuned: Sequence[Path] = ()) -> PrometheusServer:
+        server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets, free_port(), tuned=tuned).start()
         started.append(server)
         return server
 

@@ -28,6 +28,7 @@ from specwatch.config import Home
 from specwatch.exporter import config as exporter_config
 from specwatch.exporter.main import parser as exporter_parser
 from specwatch.models import build as models
+from specwatch.monitoring import MONITORING
 from specwatch.simulator.args import parse_sim_args
 from specwatch.vllm_cpu import pins
 from specwatch.vllm_cpu.server import COMMON_FLAGS, ENTRY, NGRAM_CONFIG, serve_argv, server_environment
@@ -249,6 +250,9 @@ def test_prometheus_sees_its_files_where_prometheus_yml_looks() -> None:
     for pattern in patterns:
         folder = str(base / Path(pattern).parent)
         assert folder in mounts, f"prometheus.yml reads {pattern}, {folder} is not mounted"
+        if Path(pattern).parent == Path(MONITORING.cost_table.folder):  # the drop-in folder: empty by default
+            assert mounts[folder].is_dir() and (mounts[folder] / "README.md").is_file(), mounts[folder]
+            continue
         assert list(mounts[folder].glob(Path(pattern).name)), f"nothing matches {pattern} in {mounts[folder]}"
     assert "--web.enable-lifecycle" in prometheus["command"]
 
@@ -435,9 +439,11 @@ def test_exporter_command_is_a_valid_exporter_config() -> None:
     args = exporter_parser().parse_args(argv[1:])
     cfg = exporter_config.load({"upstream": args.upstream, "split": args.split, "mirror": args.mirror,
                                 "sticky_header": args.sticky_header, "listen": args.listen,
-                                "event_log": args.event_log, "admin_token_env": args.admin_token_env},
+                                "event_log": args.event_log, "admin_token_env": args.admin_token_env,
+                                "workers": args.workers},
                                args.config_file)
     assert cfg.upstreams == {"baseline": "http://vllm-baseline:8000", "candidate": "http://vllm-candidate:8000"}
+    assert cfg.workers == 1  # the demo's servers keep the cores (EXPORTER_WORKERS raises it)
     assert (cfg.listen_host, cfg.listen_port) == ("0.0.0.0", 9400)
     assert cfg.split == {"candidate": 50.0}
     assert cfg.event_log is not None and cfg.event_log.parent == Path("/var/lib/specwatch")

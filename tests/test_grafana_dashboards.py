@@ -26,6 +26,7 @@ from specwatch.grafana.board import DATASOURCE_UID
 from specwatch.grafana.key_queries import substitute
 from specwatch.monitoring import MONITORING
 from specwatch.promconfig.server import PrometheusServer, Targets
+from specwatch.tune.cost_rules import StepCost, write_cost_rules
 from specwatch.vllm_metrics import samples
 from specwatch.workloads import write_article_workloads
 from tests.conftest import NGRAM_SIM_ARGS, Service
@@ -246,7 +247,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str]], Service],
-                                        prometheus_factory: Callable[[Targets], PrometheusServer], data: Path,
+                                        prometheus_factory: Callable[..., PrometheusServer], data: Path,
                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     candidate = service_factory("sim", at_gpu_speed(NGRAM_SIM_ARGS))
     baseline = service_factory("sim", at_gpu_speed(SIM_BASELINE_ARGS))
@@ -256,7 +257,12 @@ def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str
     tap = service_factory("exporter", ["--upstream", f"baseline={baseline.url}",
                                        "--upstream", f"candidate={candidate.url}", "--mirror", "candidate",
                                        "--admin-token-env", DEFAULT_ADMIN_TOKEN_ENV])
-    prom = prometheus_factory(Targets({"baseline": baseline.url, "candidate": candidate.url}, (tap.url,)))
+    # a cost table for the candidate (the best-k panels), loaded as a user does: a file in Prometheus's tuned/
+    cost_table = tmp_path / "specwatch-cost.yml"
+    write_cost_rules([StepCost("candidate", batch, k, 0.01 * (1 + k * batch / 16)) for batch in (1, 64)
+                      for k in range(5)], cost_table)
+    prom = prometheus_factory(Targets({"baseline": baseline.url, "candidate": candidate.url}, (tap.url,)),
+                              tuned=[cost_table])
     start = time.time()
     wait_for("three targets up", lambda: sorted(prom.values("up").values()) == [1.0, 1.0, 1.0])
     # a verdict pushed before the load, as `specwatch canary --push-to` would, so every scrape in the window has it

@@ -129,6 +129,23 @@ def test_the_validators_reject_broken_objects(everything: list[Doc]) -> None:
             validate(doc)
 
 
+def test_a_cost_table_wraps_into_a_valid_prometheusrule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from specwatch.tune.cost_rules import StepCost, write_cost_rules
+
+    table = tmp_path / "specwatch-cost.yml"
+    write_cost_rules([StepCost("candidate", 1, 0, 0.01), StepCost("candidate", 8, 3, 0.02)], table)
+    assert rules.main(["--wrap", str(table)]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    validate(doc)
+    assert (doc["kind"], doc["metadata"]["name"], doc["metadata"]["namespace"]) == (
+        "PrometheusRule", "specwatch-cost", "specwatch")
+    assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "specwatch"
+    assert doc["spec"]["groups"] == yaml.safe_load(table.read_text())["groups"]
+    (tmp_path / "empty.yml").write_text("{}\n")
+    assert rules.main(["--wrap", str(tmp_path / "empty.yml")]) == 2
+    assert "not a Prometheus rule file" in capsys.readouterr().err
+
+
 def test_namespaces_images_and_labels(everything: list[Doc]) -> None:
     version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M)
     assert version
@@ -269,6 +286,13 @@ def test_exporter_upstreams_are_the_variant_services(everything: list[Doc]) -> N
     for variant, url in upstreams.items():
         _, deployment = service_for(everything, url)
         assert deployment["spec"]["template"]["metadata"]["labels"]["specwatch.io/variant"] == variant
+
+
+def test_the_exporter_requests_a_core_per_worker(everything: list[Doc]) -> None:
+    container = containers(find(everything, "Deployment", "specwatch-exporter"))[0]
+    workers = int(next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--workers=")))
+    assert workers >= 1 and float(container["resources"]["requests"]["cpu"]) >= workers
+    assert "limits" not in container["resources"] or "cpu" not in container["resources"]["limits"]
 
 
 def test_the_exporters_admin_token_comes_from_an_optional_secret(everything: list[Doc]) -> None:

@@ -17,6 +17,7 @@ from specwatch.generated import EXIT_STALE
 from specwatch.monitoring import MONITORING, AlertSetting
 from specwatch.promconfig import alerts, rule_tests, rules
 from specwatch.promconfig.server import EXPORTER_JOB, VLLM_JOB, Targets, write_layout
+from specwatch.tune.cost_rules import StepCost, write_cost_rules
 
 REPO = Path(__file__).parents[1]
 PROM = resources.PROMETHEUS
@@ -53,6 +54,19 @@ def test_the_local_layout_is_the_same_config_with_loopback_targets(promtool, tmp
     vllm = yaml.safe_load((tmp_path / "targets" / "vllm.yml").read_text())
     assert vllm == [{"targets": ["127.0.0.1:8000"], "labels": {"variant": "baseline"}},
                     {"targets": ["127.0.0.1:8001"], "labels": {"variant": "candidate"}}]
+
+
+def test_the_local_layout_loads_tuned_rule_files(promtool, tmp_path):
+    """A cost table handed to the local layout lands in its tuned/ folder, which prometheus.yml loads."""
+    table = tmp_path / "specwatch-cost.yml"
+    write_cost_rules([StepCost("candidate", 1, 0, 0.01), StepCost("candidate", 1, 2, 0.012)], table)
+    config = write_layout(tmp_path / "config", Targets(), tuned=[table])
+    assert (tmp_path / "config" / "tuned" / table.name).read_text() == table.read_text()
+    checked = run(promtool, "check", "config", str(config), cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "3 rule files found" in checked.stdout
+    with pytest.raises(ValueError, match=r"loads only tuned/\*\.yml"):
+        write_layout(tmp_path / "other", Targets(), tuned=[tmp_path / "cost.yaml"])
 
 
 def test_promtool_unit_tests_pass(promtool):
@@ -193,6 +207,11 @@ def _mutated(tmp_path: Path, file: str, old: str, new: str) -> Path:
     # a sum over engines forgotten before dividing
     (rules.RULES_FILE, "sum by (variant) (rate(vllm:spec_decode_num_drafts_total[1m]))",
      "max by (variant) (rate(vllm:spec_decode_num_drafts_total[1m]))"),
+    # the running batch summed over engines, not per engine: the cost table's row of a bigger batch
+    (rules.RULES_FILE, "avg by (variant) (avg_over_time(vllm:num_requests_running[5m]))",
+     "sum by (variant) (avg_over_time(vllm:num_requests_running[5m]))"),
+    # expected tokens for a k beyond the drafted positions, invented from the positions that exist
+    (rules.RULES_FILE, '{position=~"0|1|2|3"}) == 4)', '{position=~"0|1|2|3"}) >= 3)'),
     # an alert that fires before its time
     (alerts.ALERTS_FILE, "for: 15m", "for: 5m"),
     # an alert that ignores the reset-proof recorded ratio and reads lifetime totals

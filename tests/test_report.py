@@ -98,7 +98,7 @@ lang: en
 tasks: {{code: article, chat: article}}
 warmup_requests: 1
 acceptance: {{rows: 2, max_tokens: 48, concurrency: 2}}
-performance: {{concurrencies: [2], requests: 1, warmup: 0, max_tokens: 16, ignore_eos: true}}
+performance: {{concurrencies: [2], requests: 20, warmup: 0, max_tokens: 8, ignore_eos: true}}
 variants:
   baseline: {{}}
   ngram:
@@ -121,7 +121,19 @@ variants:
     assert not verdicts[("draft-first8", "code")].go and not verdicts[("draft-first8", "chat")].go
     for v in verdicts.values():
         assert "outputs identical to the baseline's (2/2)" in v.reason, v.reason
+        # 20 requests per side: the judge's minimum, so each performance line carries its interval and n
+        tpot = next(m for m in v.metrics if m.metric == "tpot")
+        assert tpot.comparison is not None and tpot.comparison.effect is not None, tpot.text
+        assert tpot.finding != "insufficient data", tpot.text
+        assert re.match(r"TPOT [+-]\d+ % \[[+-]\d+ %, [+-]\d+ %\], n = 20 / 20: ", tpot.text), tpot.text
+        shift = tpot.comparison.effect
+        assert shift.low <= shift.estimate <= shift.high, shift
     assert all(v.reconciled for v in run.variants if v.speculative)
+    # the report a user reads carries those lines: effect, interval, n
+    assert cli.main(["--home", str(home.root), "report", str(tmp_path / "r" / "s")]) == cli.EXIT_OK
+    md = (tmp_path / "r" / "s" / "report" / "report.md").read_text()
+    for v in verdicts.values():
+        assert f"{v.label}" in md and next(m for m in v.metrics if m.metric == "tpot").text in md
     # what the runner recorded about the real server
     folder = tmp_path / "r" / "s" / "variants" / "ngram"
     env = json.loads((folder / "environment.json").read_text())

@@ -132,7 +132,8 @@ def test_the_report_says_the_verdict_with_its_lines(tmp_path: Path) -> None:
     md = render.markdown(run, "baseline", TARGET, verdicts, [], policy)
     assert re.search(r"\| fast \| code \| \*\*GO\*\*: at concurrency 2: TPOT -\d+ % \[-\d+ %, -\d+ %\], "
                      rf"n = {n} / {n}: better", md), md
-    judged = rf"\| fast \| code \| 2 \| TPOT \| 0\.\d+x \[0\.\d+, 0\.\d+\] \| {n} / {n} \| [\d.e-]+ \| better \|"
+    judged = (rf"\| fast \| baseline \| code \| 2 \| TPOT \| 0\.\d+x \[0\.\d+, 0\.\d+\] \| {n} / {n} \| "
+              r"[\d.e-]+ \| better \|")
     assert re.search(judged, md), md
 
 
@@ -185,3 +186,38 @@ def test_every_figure_of_a_report_gives_a_variant_the_same_colour(tmp_path: Path
         assert seen[name] >= {"acceptance.png", "position_decay.png", "length_histograms.png", "coverage.png",
                               "performance_spread.png", "relative_performance.png", "kv_capacity.png",
                               "dashboard_queries.png"}, (name, seen[name])
+
+
+def test_a_variant_with_its_own_baseline_is_judged_against_it_and_that_baseline_is_no_candidate() -> None:
+    """The article's MTP runs on MiMo and is compared with MiMo's plain model, not with the study's baseline."""
+    qwen = _variant("baseline", DEMO_REQUESTS, 0.06, 1)
+    ngram = _variant("ngram", DEMO_REQUESTS, 0.06, 2)
+    ngram.baseline = "baseline"
+    mimo = _variant("mimo-baseline", DEMO_REQUESTS, 0.10, 3, text="mimo", blocks=80)
+    mimo.speculative = False
+    mtp = _variant("mtp", DEMO_REQUESTS, 0.06, 4, text="mimo", blocks=80)  # 40 % faster than MiMo, as fast as Qwen
+    mtp.baseline = "mimo-baseline"
+    run = _run(qwen, ngram, mimo, mtp)
+    assert [(v.name, b.name if b else None) for v, b in run.candidates("baseline")] == [
+        ("ngram", "baseline"), ("mtp", "mimo-baseline")]
+    verdicts = {v.variant: v for v in verdict.judge(run, "baseline", TARGET)}
+    assert set(verdicts) == {"ngram", "mtp"}
+    assert verdicts["mtp"].outcome == "go", verdicts["mtp"].reason  # against Qwen's baseline it would be no change
+    assert "outputs identical to the baseline's (3/3)" in verdicts["mtp"].reason
+    assert "KV capacity +0% (80 vs 80 blocks)" in verdicts["mtp"].reason
+    md = render.markdown(run, "baseline", TARGET, list(verdicts.values()), [], policy_mod.load())
+    assert "| mtp | mimo-baseline | code | 2 | TPOT |" in md and "| mimo-baseline | baseline |" not in md
+
+
+def test_a_faster_variant_that_streams_in_bursts_is_go_with_a_caution_not_no_go() -> None:
+    """Speculation delivers several tokens per chunk: per-chunk gaps are whole (longer) verify steps."""
+    rng = random.Random("bursts")
+    fast = _variant("bursty", DEMO_REQUESTS, 0.04, 7)
+    for r in fast.requests[TARGET]["code"]:
+        step = (r.tpot_s or 0.04) * 3  # three tokens per verify step: two gaps of ~0 and one of a whole step
+        r.itl_s = [step * rng.lognormvariate(0, 0.1) if i % 3 == 2 else 0.0005 for i in range(len(r.itl_s))]
+    v = _one(_variant("baseline", DEMO_REQUESTS, 0.06, 7), fast)
+    found = {m.metric: m.finding for m in v.metrics}
+    assert found["itl_p95"] == "worse" and found["tpot"] == "better" and found["output_tps"] == "better", v.reason
+    assert v.outcome == "go", v.reason
+    assert "caution: ITL p95 worse beyond the tolerance" in v.reason

@@ -106,3 +106,13 @@ def test_web_mode_serves_locust_and_ctrl_c_stops_every_process(tmp_path: Path) -
     assert "stopping the stack" in rest
     assert alive(out) == []
     assert all(port_free(url) for url in urls.values())
+
+
+def test_a_rules_file_that_is_not_a_yml_rule_file_is_refused_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (tmp_path / "missing.yml", tmp_path / "cost.yaml"):
+        code = cli.main(["up", "--backend", "sim", "--headless", "--free-ports", "--rules", str(bad),
+                         "--out", str(tmp_path / "run")])
+        assert code == cli.EXIT_USAGE
+        assert f"--rules {bad}: expected an existing .yml rule file" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -4,6 +4,8 @@
 #                 pyyaml, at the versions pyproject.toml pins (the needs at this venv's versions)
 #   DEST/deb/     Debian's nginx + nginx-common (apt-get download, this host's Debian release)
 #   DEST/src/     this checkout's `specwatch` package and COMMIT (the commit, "+dirty" with local changes)
+#   DEST/perf/    this checkout's bench/perf (the harness travels with the code: run DEST/perf/run_pinned.sh
+#                 there, whichever checkout the device call sends)
 #   DEST/src-ref/ with --ref REV: the `specwatch` package at REV (git archive), measured beside it as
 #                 `specwatch-ref` in the same rounds (before / after under the same conditions)
 # vllm-router (DEST/whl-router/) is left out: run_pinned.sh then reports it as not installed.
@@ -23,8 +25,8 @@ while [[ $# -gt 0 ]]; do
 done
 pin() { grep -oE "\"$1==[^\"]+\"" "$ROOT/pyproject.toml" | tr -d '"'; }
 have() { "$PY" -c "from importlib.metadata import version; print('$1==' + version('$1'))"; }
-rm -rf "$DEST/whl" "$DEST/deb" "$DEST/src" "$DEST/src-ref"
-mkdir -p "$DEST/whl" "$DEST/deb" "$DEST/src"
+rm -rf "$DEST/whl" "$DEST/deb" "$DEST/src" "$DEST/src-ref" "$DEST/perf"
+mkdir -p "$DEST/whl" "$DEST/deb" "$DEST/src" "$DEST/perf"
 WANT=("$(pin aiohttp)" "$(pin prometheus_client)" "$(pin uvloop)" "$(pin pyyaml)")
 for dep in multidict yarl frozenlist aiosignal attrs propcache aiohappyeyeballs idna; do WANT+=("$(have "$dep")"); done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -32,6 +34,7 @@ for dep in multidict yarl frozenlist aiosignal attrs propcache aiohappyeyeballs 
   -d "$DEST/whl" "${WANT[@]}"
 (cd "$DEST/deb" && apt-get download nginx nginx-common >/dev/null)
 cp -r "$ROOT/specwatch" "$DEST/src/"
+cp "$ROOT"/bench/perf/*.py "$ROOT"/bench/perf/*.sh "$DEST/perf/"
 find "$DEST/src" -name __pycache__ -prune -exec rm -rf {} +
 commit=$(git -C "$ROOT" rev-parse HEAD)
 git -C "$ROOT" diff --quiet HEAD -- specwatch || commit="$commit+dirty"

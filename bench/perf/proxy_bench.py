@@ -35,6 +35,7 @@ import gc
 import json
 import os
 import platform
+import random
 import socket
 import sys
 import time
@@ -536,10 +537,19 @@ class Bench:
         samples: list[Sample] = []
         remaining = n
 
+        stagger = self.args.stagger_ms / 1000.0
+        rng = random.Random(rnd * 7919 + conc)
+
         async def worker(conn: HttpConn) -> None:
             nonlocal remaining
+            if stagger:  # desynchronise the loop: a random start within one stagger period
+                await asyncio.sleep(rng.uniform(0.0, stagger))
+            first = True
             while remaining > 0:
                 remaining -= 1
+                if stagger and not first:  # and a short random think time, so streams do not re-align
+                    await asyncio.sleep(rng.uniform(0.0, stagger / 10))
+                first = False
                 if conn.closed:
                     try:
                         conn = await connect(target)
@@ -729,8 +739,10 @@ def markdown(result: dict) -> str:
     cfg = result["config"]
     lim = cfg["client_cpu_limit"]
     lines = [f"# Proxy overhead on streamed chat completions ({result['started']})", "",
-             f"Upstream: `{cfg['direct']}` ({cfg['upstream_desc']}). Client: closed loop, "
-             f"{cfg['rounds']} interleaved rounds per level (palindromic order), "
+             f"Upstream: `{cfg['direct']}` ({cfg['upstream_desc']}). Client: closed loop"
+             + (f" staggered (start 0..{cfg['stagger_ms']:g} ms, think 0..{cfg['stagger_ms'] / 10:g} ms)"
+                if cfg.get("stagger_ms") else " (lock-step)") + ", "
+             + f"{cfg['rounds']} interleaved rounds per level (palindromic order), "
              f"loop={result['env']['loop']}, {result['env']['ncpu']} CPUs, "
              f"wall {result['wall_s']:.0f} s.", "",
              "## Added latency (proxy minus direct, ms) and proxy CPU", "",
@@ -881,6 +893,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also measure the direct URL as if it were a proxy ('direct-aa'): "
                         "its 'added' numbers are the noise floor of the method")
     p.add_argument("--no-uvloop", action="store_true")
+    p.add_argument("--stagger-ms", type=float, default=0.0, metavar="MS",
+                   help="desynchronise the closed loop: each connection starts after a random 0..MS ms "
+                        "and waits a random 0..MS/10 ms before each later request (0: lock-step, the default)")
     args = p.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.concurrency.split(",")]
@@ -915,7 +930,7 @@ async def run(args: argparse.Namespace, loop_name: str) -> dict:
                    "primed_connections": not args.no_prime,
                    "quiet_below_cores": args.quiet_below,
                    "client_cpu_limit": args.client_cpu_limit,
-                   "upstream_desc": args.upstream_desc or "stub"},
+                   "upstream_desc": args.upstream_desc or "stub", "stagger_ms": args.stagger_ms},
         "env": {"python": platform.python_version(), "loop": loop_name, "ncpu": NCPU,
                 "kernel": platform.release(), "clk_tck": CLK_TCK},
         "meta": dict(m.split("=", 1) for m in args.meta if "=" in m),

@@ -19,6 +19,13 @@
 #                      [--max-seconds 480] [--level-budget-s 230] [--out-prefix PATH]
 #                      [--cpus 'stub=0,1 client=2,3 nginx=4 router=5 specwatch=6 specwatchref=7 sampler=15']
 #                      [--quiet-below 0.3] [--quiet-wait-s 30]
+#                      [--specwatch-workers N] [--stagger-ms MS --stagger-concurrency 64,256
+#                       --stagger-requests 64:512,256:1024 --stagger-max-seconds 120]
+# --specwatch-workers N: also measure `specwatch exporter --workers N` (this checkout's build) as
+#   `specwatch-wN`, its process tree pinned to the cpu plan's `specwatchw` set (default 8-11).
+# --stagger-ms MS: after the lock-step pass, a second pass of the same paths with a desynchronised
+#   loop (proxy_bench.py --stagger-ms: random starts within MS, random think 0..MS/10), results in
+#   <out-prefix>-stagger.{json,md}: shows how much of the added latency is burst queueing.
 # --probe: start everything, send one streamed request through each path, print the machine's
 # topology, versions and affinities, run a tiny bench (C=1 and C=256, one round), and stop.
 # Without --cpus the cores are chosen from the topology: one logical CPU per physical core, in
@@ -49,6 +56,11 @@ PREFIX=""
 CPUS=""
 QUIET_BELOW=0.3
 QUIET_WAIT=30
+SW_WORKERS=0
+STAGGER=0
+STAGGER_CONC="64,256"
+STAGGER_REQS="64:512,256:1024"
+STAGGER_MAXSEC=120
 
 die() { echo "run_pinned.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -66,6 +78,11 @@ while [[ $# -gt 0 ]]; do
     --cpus) CPUS="$2"; shift 2 ;;
     --quiet-below) QUIET_BELOW="$2"; shift 2 ;;
     --quiet-wait-s) QUIET_WAIT="$2"; shift 2 ;;
+    --specwatch-workers) SW_WORKERS="$2"; shift 2 ;;
+    --stagger-ms) STAGGER="$2"; shift 2 ;;
+    --stagger-concurrency) STAGGER_CONC="$2"; shift 2 ;;
+    --stagger-requests) STAGGER_REQS="$2"; shift 2 ;;
+    --stagger-max-seconds) STAGGER_MAXSEC="$2"; shift 2 ;;
     -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
@@ -278,6 +295,8 @@ need = [("stub", 2), ("client", 2), ("nginx", 1), ("router", 1), ("specwatch", 1
 plan, i = [], 0
 for name, n in need:
     plan.append((name, first[i:i + n])); i += n
+if len(first) >= i + 5:  # a --workers exporter: four cores after the others, the sampler stays last
+    plan.append(("specwatchw", first[i:i + 4]))
 plan.append(("sampler", first[-1:] if len(first) > i else first[i - 1:i]))
 print(" ".join(f"{k}={','.join(map(str, v))}" for k, v in plan))
 EOF
@@ -378,6 +397,17 @@ if [[ -d "$DEV/src-ref/specwatch" ]]; then
   META+=(--meta "specwatch-ref=the same command from .devperf/src-ref (commit $(cut -c1-12 "$DEV/src-ref/COMMIT" 2>/dev/null)), pinned to CPU ${CPU[specwatchref]}")
 fi
 
+if [[ $SW_WORKERS -gt 0 ]]; then
+  [[ -n "${CPU[specwatchw]:-}" ]] || die "--cpus has no specwatchw (needed for --specwatch-workers)"
+  XW=$(free_port)
+  start "specwatch-w$SW_WORKERS" "${CPU[specwatchw]}" env PYTHONPATH="$SRC:$SITE" PYTHONUNBUFFERED=1 python3 -m specwatch.cli exporter \
+    --upstream "baseline=http://127.0.0.1:$UP" --web.listen-address "127.0.0.1:$XW" --workers "$SW_WORKERS"
+  wait_port "specwatch-w$SW_WORKERS" "$XW" 60 || die "the --workers exporter did not start"
+  wait_http "specwatch-w$SW_WORKERS" "http://127.0.0.1:$XW/healthz" 20 || die "the --workers exporter did not answer /healthz"
+  TARGETS+=("specwatch-w$SW_WORKERS=http://127.0.0.1:$XW@$(pid_of "specwatch-w$SW_WORKERS")")
+  META+=(--meta "specwatch-w$SW_WORKERS=the specwatch command with --workers $SW_WORKERS, its process tree pinned to CPUs ${CPU[specwatchw]}")
+fi
+
 # ---------------------------------------------------------------- smoke test + warm-up
 KEY="sk-$(python3 -c 'import secrets; print(secrets.token_hex(24))')"
 python3 "$WORK/sse_check.py" "$KEY" "direct=http://127.0.0.1:$UP" "${TARGETS[@]}" 2>&1 | tee -a "$ENVTXT" >&2 \
@@ -462,6 +492,18 @@ PROXY_BENCH_API_KEY="$KEY" timeout --signal=TERM $((MAXSEC + 40)) "${PIN[@]}" "$
   --upstream-desc "stub_upstream.py: $CHUNKS chunks, $INTERVAL ms apart, TTFT $TTFT ms" \
   "${META[@]}" --out-json "$PREFIX.json" --out-md "$PREFIX.md" --aa \
   2> >(tee "$RUN/bench.log" >&2) >"$RUN/bench.stdout" || rc=$?
+if [[ $STAGGER != 0 && $PROBE == 0 ]]; then
+  log "benchmark, staggered: --stagger-ms $STAGGER, concurrency $STAGGER_CONC, requests $STAGGER_REQS"
+  note "bench (staggered): --stagger-ms $STAGGER, concurrency $STAGGER_CONC, requests $STAGGER_REQS, rounds $ROUNDS, max-seconds $STAGGER_MAXSEC"
+  PROXY_BENCH_API_KEY="$KEY" timeout --signal=TERM $((STAGGER_MAXSEC + 40)) "${PIN[@]}" "${CPU[client]}" "${PYENV[@]}" \
+    python3 "$HERE/proxy_bench.py" \
+    --direct "http://127.0.0.1:$UP@$(pid_of stub)" "${TARGETS[@]}" --stagger-ms "$STAGGER" \
+    --concurrency "$STAGGER_CONC" --requests "$STAGGER_REQS" --rounds "$ROUNDS" --max-seconds "$STAGGER_MAXSEC" \
+    --level-budget-s "$LEVEL_BUDGET" --quiet-below "$QUIET_BELOW" --quiet-wait-s "$QUIET_WAIT" \
+    --upstream-desc "stub_upstream.py: $CHUNKS chunks, $INTERVAL ms apart, TTFT $TTFT ms" \
+    "${META[@]}" --out-json "$PREFIX-stagger.json" --out-md "$PREFIX-stagger.md" --aa \
+    2> >(tee "$RUN/bench-stagger.log" >&2) >"$RUN/bench-stagger.stdout" || rc=$?
+fi
 sleep 0.6   # one more RSS sample after the last block
 affinity_report
 stop_pid "$(pid_of sampler)" sampler

@@ -117,6 +117,16 @@ class RunFolder:
     def timeline(self) -> Path:
         return self.root / "timeline.json"
 
+    @property
+    def sweep(self) -> Path:
+        """A sweep plan's cells: method, draft lengths, concurrencies, tasks (what `specwatch tune` reads)."""
+        return self.root / "sweep.json"
+
+    @property
+    def tune(self) -> Path:
+        """`specwatch tune`'s outputs, and the proof of its recommendation."""
+        return self.root / "tune"
+
     def timeline_variants(self) -> set[str]:
         """The variants `timeline.json` already holds."""
         return set((read_json_object(self.timeline) or {}).get("variants", {}))

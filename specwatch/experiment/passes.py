@@ -54,8 +54,9 @@ def performance_pass(url: str, workloads: Mapping[str, Path], folder: VariantFol
     out = folder.perf(concurrency)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "summary.txt").open("w") as report:  # Locust's table, kept instead of printed
-        return run_load(LoadConfig(url, concurrency, cfg.requests, dict(workloads), out, cfg.warmup, cfg.ignore_eos,
-                                   cfg.max_tokens, cfg.max_seconds, model), Console(file=report, width=160))
+        return run_load(LoadConfig(url, concurrency, cfg.requests_at(concurrency), dict(workloads), out, cfg.warmup,
+                                   cfg.ignore_eos, cfg.max_tokens, cfg.max_seconds, model),
+                        Console(file=report, width=160))
 
 
 # -- reconciliation ---------------------------------------------------------------------------------

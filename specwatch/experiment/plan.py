@@ -63,6 +63,11 @@ class PerformancePass:
     max_tokens: int = 128
     ignore_eos: bool = True
     max_seconds: int = 3600
+    by_concurrency: Mapping[int, int] | None = None  # requests per task at each concurrency, when they differ
+
+    def requests_at(self, concurrency: int) -> int:
+        """Requests per task at `concurrency`: a high one needs more to keep its batch full for a while."""
+        return (self.by_concurrency or {}).get(concurrency, self.requests)
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,44 @@ class Variant:
     backend: BackendSpec
     args: tuple[str, ...] = ()
     baseline: str | None = None  # the variant it is compared with (None: it is a baseline, or has none)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A tuning sweep: one method at every draft length in `ks` (0 = the baseline) at every performance concurrency.
+
+    Expanded into variants `k0`, `k1`, ... (`sweep_variant_name`); after them, with `proof`, the runner
+    tunes (`specwatch.tune`) and measures the recommended dynamic config as the variant `dynamic`.
+    """
+
+    method: Mapping[str, Any]  # the speculative config without num_speculative_tokens
+    ks: tuple[int, ...]
+    proof: bool = True
+    max_tpot_ms: float | None = None  # the TPOT objective tune applies (None: none)
+
+    @property
+    def label(self) -> str:
+        return str(self.method["method"])
+
+
+def sweep_variant_name(k: int) -> str:
+    return f"k{k}"
+
+
+DYNAMIC = "dynamic"  # the variant that measures the recommended per-batch-size config
+# Every sweep server times each request itself (engine clock): the step cost must not depend on how
+# promptly a busy client reads its streams.
+SWEEP_ARGS = ("--enable-per-request-metrics",)
+
+
+def sweep_args(server_args: tuple[str, ...], concurrencies: tuple[int, ...]) -> tuple[str, ...]:
+    """The sweep's own serve flags: per-request timing, and room for the largest concurrency in one batch.
+
+    serve_argv's common flags cap the batch at 16 sequences (`--max-num-seqs 16`); a cell above it
+    would measure queueing, not a larger batch. A plan's own `--max-num-seqs` in `server.args` wins."""
+    if any(a == "--max-num-seqs" or a.startswith("--max-num-seqs=") for a in server_args):
+        return SWEEP_ARGS
+    return (*SWEEP_ARGS, "--max-num-seqs", str(max(16, *concurrencies)))
 
 
 @dataclass(frozen=True)
@@ -88,6 +131,7 @@ class StudyPlan:
     performance: PerformancePass | None
     variants: tuple[Variant, ...]
     text: str  # the plan file as given (saved as results/<run-id>/plan.yaml)
+    sweep: Sweep | None = None
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -238,11 +282,20 @@ def _performance(value: Any) -> PerformancePass | None:
             isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in conc) or len(set(conc)) != len(conc):
         raise PlanError(f"performance.concurrencies: expected a list of distinct integers >= 1 such as [1, 8], "
                         f"got {_kind(conc)}")
-    return PerformancePass(tuple(conc), _int(m, "requests", "performance", d.requests),
+    requests = m.get("requests", d.requests)
+    by_concurrency: dict[int, int] | None = None
+    if isinstance(requests, dict):
+        if set(requests) != set(conc) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                 for n in requests.values()):
+            raise PlanError(f"performance.requests: expected requests per task (an integer >= 1), or a mapping of "
+                            f"every concurrency {conc} to one, got {_kind(requests)}")
+        by_concurrency = {int(c): int(n) for c, n in requests.items()}
+        requests = max(by_concurrency.values())
+    return PerformancePass(tuple(conc), _int({"requests": requests}, "requests", "performance", d.requests),
                            _int(m, "warmup", "performance", d.warmup, minimum=0),
                            _int(m, "max_tokens", "performance", d.max_tokens),
                            _bool(m, "ignore_eos", "performance", d.ignore_eos),
-                           _int(m, "max_seconds", "performance", d.max_seconds))
+                           _int(m, "max_seconds", "performance", d.max_seconds), by_concurrency)
 
 
 def _spec_config(value: Any, where: str, home: Home) -> dict[str, Any] | None:
@@ -309,8 +362,38 @@ def _variants(value: Any, plan_model: str, default_backend: BackendSpec, home: H
     return tuple(out)
 
 
+def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass | None, server: ServerFlags,
+           home: Home) -> tuple[Sweep, tuple[Variant, ...]]:
+    m = _mapping(value, "sweep", ("method", "ks", "proof", "max_tpot_ms"))
+    method = _spec_config(m.get("method"), "sweep.method", home)
+    if method is None:
+        raise PlanError("sweep.method: expected the speculative config without num_speculative_tokens, "
+                        "e.g. {method: ngram, prompt_lookup_min: 2, prompt_lookup_max: 4}")
+    for key in ("num_speculative_tokens", "num_speculative_tokens_per_batch_size"):
+        if key in method:
+            raise PlanError(f"sweep.method.{key}: the sweep sets it (from `ks`, and the tuned table); leave it out")
+    ks = m.get("ks")
+    if not isinstance(ks, list) or not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0
+                                                     for k in ks) or len(set(ks)) != len(ks) or 0 not in ks \
+            or max(ks) < 1:
+        raise PlanError(f"sweep.ks: expected a list of distinct draft lengths >= 0 with 0 (the baseline) and at "
+                        f"least one >= 1, such as [0, 1, 2, 4], got {_kind(ks)}")
+    if perf is None or not perf.ignore_eos:
+        raise PlanError("performance: a sweep needs the performance pass with ignore_eos: true (fixed work per cell)")
+    tpot = m.get("max_tpot_ms")
+    if tpot is not None and (not isinstance(tpot, int | float) or isinstance(tpot, bool) or tpot <= 0):
+        raise PlanError(f"sweep.max_tpot_ms: expected a positive number of milliseconds, got {_kind(tpot)}")
+    sweep = Sweep(method, tuple(sorted(ks)), _bool(m, "proof", "sweep", True),
+                  None if tpot is None else float(tpot))
+    variants = tuple(
+        Variant(sweep_variant_name(k), model, None if k == 0 else {**method, "num_speculative_tokens": k}, backend,
+                sweep_args(server.args, perf.concurrencies), None if k == 0 else sweep_variant_name(0))
+        for k in sweep.ks)
+    return sweep, variants
+
+
 TOP_KEYS = ("name", "backend", "model", "served_model_name", "server", "lang", "tasks", "warmup_requests",
-            "acceptance", "performance", "variants")
+            "acceptance", "performance", "variants", "sweep")
 
 
 def parse_plan(text: str, base_dir: Path, home: Home) -> StudyPlan:
@@ -321,18 +404,27 @@ def parse_plan(text: str, base_dir: Path, home: Home) -> StudyPlan:
     m = _mapping(raw, "plan", TOP_KEYS)
     if not m:
         raise PlanError("plan: expected a mapping with at least `model`, `tasks` and `variants`")
-    for required in ("model", "tasks", "variants"):
+    for required in ("model", "tasks"):
         if required not in m:
             raise PlanError(f"{required}: required key missing")
+    if ("variants" in m) == ("sweep" in m):
+        raise PlanError("variants: a plan has either `variants` (a study) or `sweep` (a tuning sweep), "
+                        "not " + ("both" if "variants" in m else "neither"))
     model = _expand(_str(m, "model", "plan", None), home)
     lang = m.get("lang", "en")
     if lang not in LANGS:
         raise PlanError(f"lang: expected one of {', '.join(LANGS)} (the article's built-in prompts), got {_kind(lang)}")
     backend = _backend(m.get("backend", "sim"), "backend", home)
+    performance = _performance(m.get("performance"))
+    sweep: Sweep | None = None
+    if "sweep" in m:
+        sweep, variants = _sweep(m["sweep"], model, backend, performance, _server(m.get("server")), home)
+    else:
+        variants = _variants(m["variants"], model, backend, home)
     return StudyPlan(
         name=_str(m, "name", "plan", "experiment"), model=model,
         served_model_name=_str(m, "served_model_name", "plan", SERVED_MODEL_NAME),
         server=_server(m.get("server")), lang=lang, tasks=_tasks(m["tasks"], base_dir),
         warmup_requests=_int(m, "warmup_requests", "plan", 1, minimum=0),
-        acceptance=_acceptance(m.get("acceptance")), performance=_performance(m.get("performance")),
-        variants=_variants(m["variants"], model, backend, home), text=text)
+        acceptance=_acceptance(m.get("acceptance")), performance=performance,
+        variants=variants, text=text, sweep=sweep)

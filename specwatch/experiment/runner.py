@@ -9,10 +9,11 @@ under `interrupted/` and redone.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,9 +37,10 @@ from specwatch.experiment.layout import (
     write_json,
     write_text,
 )
-from specwatch.experiment.plan import StudyPlan, Variant
+from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, sweep_variant_name
 from specwatch.experiment.timeline import PrometheusError, Timeline, Window
 from specwatch.net import free_port
+from specwatch.stats import median
 from specwatch.vllm_cpu.server import serve_argv
 from specwatch.workloads import Row, load_jsonl, write_article_workloads
 
@@ -141,6 +143,20 @@ class Runner:
         record.update({"inputs_sha256": self.inputs, "variants": [v.name for v in self.plan.variants]})
         record["attempts"].append({"started": _now(), "resume": self.options.resume})
         write_json(self.run.run, record)
+        self._sweep_record()
+
+    def _sweep_record(self) -> None:
+        """A sweep's cells in `sweep.json`: what `specwatch tune` reads beside the variants' results."""
+        sweep, perf = self.plan.sweep, self.plan.performance
+        if sweep is None or perf is None:
+            return
+        write_json(self.run.sweep, {
+            "method": dict(sweep.method), "ks": list(sweep.ks), "concurrencies": list(perf.concurrencies),
+            "tasks": [t.name for t in self.plan.tasks], "max_tpot_ms": sweep.max_tpot_ms,
+            "requests_per_task": perf.requests, "max_tokens": perf.max_tokens, "proof": sweep.proof,
+            "variants": {sweep_variant_name(k): k for k in sweep.ks}, "dynamic": DYNAMIC,
+            "backend": self.plan.variants[0].backend.kind, "backend_args": list(self.plan.variants[0].backend.args),
+            "model": self.plan.model})
 
 
     def _inputs(self) -> None:
@@ -170,7 +186,9 @@ class Runner:
             self._help(unfinished[0], self._backend(unfinished[0]))
         self.timeline = self._start_timeline() if unfinished else None
         try:
-            result = self._variants()
+            result = self._variants(self.plan.variants)
+            if self.plan.sweep is not None and self.plan.sweep.proof and not result.failed:
+                result = self._proof(result)
             self._save_timeline(result.statuses)
             return result
         finally:
@@ -207,13 +225,41 @@ class Runner:
         except (PrometheusError, requests.RequestException, OSError) as exc:  # the results stand without curves
             self.console.print(f"the dashboard queries over the run could not be saved: {exc}")
 
-    def _variants(self) -> RunResult:
+    def _proof(self, result: RunResult) -> RunResult:
+        """After a sweep: tune, measure the recommended dynamic config as one more variant, write the proof."""
+        from specwatch.tune import proof, tuner  # the tune package reads the experiment's layout
+
+        recommendation = tuner.tune_run(self.run.root, self.run.tune, max_tpot_ms=self.plan.sweep.max_tpot_ms
+                                        if self.plan.sweep else None, console=self.console)
+        config = recommendation.speculative_config
+        if config is None:
+            self.console.print("tune recommends no speculation at any batch size: nothing dynamic to prove")
+            return result
+        first = self.plan.variants[0]
+        dynamic = Variant(DYNAMIC, self.plan.model, config, first.backend, first.args, sweep_variant_name(0))
+        folder = self.run.variant(DYNAMIC)
+        status = folder.read_status() or {}
+        if folder.finished() and status.get("speculative_config") != config:
+            raise RunConflict(f"--resume: {folder.root} measured another config than the one tune recommends now; "
+                              "start a new run")
+        record = read_json_object(self.run.run) or {}
+        if DYNAMIC not in record.get("variants", []):
+            record["variants"] = [*record.get("variants", []), DYNAMIC]
+            write_json(self.run.run, record)
+        more = self._variants([dynamic])
+        statuses = {**result.statuses, **more.statuses}
+        if not more.failed:
+            table = proof.write_proof(self.run.root, self.run.tune)
+            self.console.print(table)
+        return RunResult(self.run.root, statuses)
+
+    def _variants(self, variants: Sequence[Variant]) -> RunResult:
         statuses: dict[str, dict[str, Any]] = {}
         per_variant = steps(self.plan)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=self.console) as progress:
-            bar = progress.add_task("experiment", total=per_variant * len(self.plan.variants))
-            for v in self.plan.variants:
+            bar = progress.add_task("experiment", total=per_variant * len(variants))
+            for v in variants:
                 folder = self.run.variant(v.name)
                 if folder.finished():
                     statuses[v.name] = folder.read_status() or {}
@@ -240,7 +286,8 @@ class Runner:
             progress.update(bar, description="experiment done")
         record = read_json_object(self.run.run) or {}
         record["attempts"][-1]["finished"] = _now()
-        record["statuses"] = {n: {k: s.get(k) for k in ("state", "ok")} for n, s in statuses.items()}
+        record["statuses"] = {**record.get("statuses", {}),
+                              **{n: {k: s.get(k) for k in ("state", "ok")} for n, s in statuses.items()}}
         write_json(self.run.run, record)
         return RunResult(self.run.root, statuses)
 
@@ -323,6 +370,8 @@ class Runner:
                 summary = passes.performance_pass(url, self.workloads, folder, self.plan.performance, c, model)
                 failures = sum(t["failures"] for t in summary["tasks"].values())
                 perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"]}
+                if self.plan.sweep is not None:
+                    self.console.print(cell_line(v, c, summary, folder.perf(c) / "requests.jsonl"))
                 advance()
         after = snapshot.take(url)
         snapshot.write(after, folder.metrics_after)
@@ -335,6 +384,26 @@ class Runner:
         status.update(state=FAILED, error=str(exc), seconds=round(time.monotonic() - started, 2))
         write_json(folder.status, status)
         return status
+
+
+def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], requests_file: Path) -> str:
+    """A sweep cell's progress line: the variant, its k, the concurrency, requests and TPOT p50 per task.
+
+    The TPOT is the server's (`mean_itl_ms`) where it reported one: a busy client's own is bunched."""
+    k = (v.speculative_config or {}).get("num_speculative_tokens", 0)
+    table = (v.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
+    what = f"k per batch size {table}" if table else f"k={k}"
+    server: dict[str, list[float]] = {}
+    for line in requests_file.read_text().splitlines() if requests_file.exists() else []:
+        r = json.loads(line) if line.strip() else {}
+        itl = (r.get("server") or {}).get("mean_itl_ms")
+        if r.get("ok") and not r.get("warmup") and isinstance(itl, int | float):
+            server.setdefault(r["task"], []).append(float(itl))
+    parts = []
+    for task, s in summary["tasks"].items():
+        tpot = f"{median(server[task]):.2f} ms (server)" if server.get(task) else f"{s['tpot_ms']['p50']} ms"
+        parts.append(f"{task} {s['requests'] - s['failures']}/{s['requests']} ok, TPOT p50 {tpot}")
+    return f"cell {v.name} ({what}) at concurrency {concurrency}: {', '.join(parts)}"
 
 
 def _now() -> str:

@@ -53,7 +53,7 @@ class RequestRecord:
             self.first_token = now
         else:
             if self._itl is None:
-                self._itl = metrics.itl.labels(self.variant, self.task)
+                self._itl = metrics.of(self.variant, self.task).itl
             self._itl.observe(now - (self.last_token or now))
         self.last_token = now
 
@@ -108,6 +108,7 @@ def utf8(text: str) -> bytes:
 def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
     """Count a finished request. A malformed field makes the outcome bad_response; nothing raises."""
     v, t = record.variant, record.task
+    ch = metrics.of(v, t)
     record.end = record.end or time.perf_counter()
     c = r = 0
     if record.outcome == "ok" and record.spec is not None:
@@ -117,34 +118,36 @@ def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
             record.outcome = "bad_response"
         else:
             c, d, r, hist = fields.accepted, fields.drafted, fields.steps, fields.histogram
-            metrics.ensure_positions(v, t, len(hist) - 1)
-            metrics.steps.labels(v, t).inc(r)
-            metrics.draft_tokens.labels(v, t).inc(d)
-            metrics.accepted.labels(v, t).inc(c)
+            by_accepted, per_pos = metrics.ensure_positions(v, t, len(hist) - 1)
+            ch.steps.inc(r)
+            ch.draft_tokens.inc(d)
+            ch.accepted.inc(c)
             for accepted, steps in enumerate(hist):
                 if steps:
-                    metrics.by_accepted.labels(v, t, str(accepted)).inc(steps)
+                    by_accepted[accepted].inc(steps)
             for p, survivors in enumerate(survival(hist)):
                 if survivors:
-                    metrics.per_pos.labels(v, t, str(p)).inc(survivors)
+                    per_pos[p].inc(survivors)
             if fields.acceptance_rate is not None:
-                metrics.request_acceptance_rate.labels(v, t).observe(fields.acceptance_rate)
+                ch.request_acceptance_rate.observe(fields.acceptance_rate)
     if record.outcome == "ok":
         if record.spec is None and record.single:
-            metrics.missing.labels(v, t).inc()
+            ch.missing.inc()
         usage = record.usage or {}
-        for key, counter in (("prompt_tokens", metrics.prompt_tokens), ("completion_tokens",
-                                                                          metrics.completion_tokens)):
+        for key, counter in (("prompt_tokens", ch.prompt_tokens), ("completion_tokens", ch.completion_tokens)):
             value = usage.get(key)
             if isinstance(value, int) and value >= 0:
-                counter.labels(v, t).inc(value)
+                counter.inc(value)
         completion = usage.get("completion_tokens")
         if record.single and isinstance(completion, int) and completion > 0:
-            metrics.decode_steps.labels(v, t).inc(max(completion - 1 - c, r))
+            ch.decode_steps.inc(max(completion - 1 - c, r))
         if record.first_token is not None:
-            metrics.ttft.labels(v, t).observe(record.first_token - record.start)
+            ch.ttft.observe(record.first_token - record.start)
         tpot = record.tpot()
         if tpot is not None:
-            metrics.tpot.labels(v, t).observe(tpot)
-        metrics.e2e.labels(v, t).observe(record.end - record.start)
-    metrics.requests.labels(v, t, record.outcome).inc()
+            ch.tpot.observe(tpot)
+        ch.e2e.observe(record.end - record.start)
+    requests = ch.requests.get(record.outcome)
+    if requests is None:
+        requests = ch.requests[record.outcome] = metrics.requests.labels(v, t, record.outcome)
+    requests.inc()

@@ -6,6 +6,11 @@ With `--admin-token-env NAME` (and a non-empty `$NAME`), `POST /admin/weights` (
 `specwatch_canary_verdict` and `specwatch_canary_score`, all with `Authorization: Bearer <token>`;
 a wrong token is 401. Without a token every `/admin/` path is 404 (never proxied). The token is
 never logged.
+
+With several workers (`--workers`) both live in the run folder's `SharedState`: a change made on
+the worker that answered applies to all, and a read from any worker gives the same answer. The
+canary gauges are set under the state's lock by the worker that took the change, and each worker
+sets them from the state when it starts; `mostrecent` aggregation then shows the last one.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+from typing import Any
 
 from aiohttp import web
 
 from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.metrics import CANARY_VERDICTS, ExporterMetrics
 from specwatch.exporter.routing import Router
+from specwatch.exporter.shared import SharedState, State
 
 log = logging.getLogger("specwatch.exporter")
 
@@ -26,6 +33,7 @@ log = logging.getLogger("specwatch.exporter")
 class Admin:
     def __init__(self, cfg: ExporterConfig, router: Router, metrics: ExporterMetrics, token: str) -> None:
         self.cfg, self.router, self.metrics = cfg, router, metrics
+        self.shared: SharedState | None = router.shared
         self._token = token
         if cfg.admin_token_env and not token:
             log.warning("--admin-token-env %s: the variable is empty or unset; /admin/ is disabled",
@@ -46,6 +54,7 @@ class Admin:
         if action not in ("weights", "verdict"):
             raise web.HTTPNotFound()
         if request.method == "GET" and action == "weights":
+            self.router.refresh()
             return web.json_response({"weights": self.router.weights})
         if request.method != "POST":
             raise web.HTTPMethodNotAllowed(request.method, ["POST"])
@@ -60,7 +69,20 @@ class Admin:
         return web.json_response({action: result})
 
     def set_weights(self, body: dict[str, object]) -> dict[str, float]:
-        weights = dict(self.router.weights)
+        if self.shared is None:
+            self.router.weights.update(self._weights(self.router.weights, body))  # read on the next request
+            return self.router.weights
+
+        def change(state: State) -> State:
+            return {**state, "weights": self._weights(state["weights"], body)}
+
+        self.shared.update(change)
+        self.router.refresh()
+        return self.router.weights
+
+    def _weights(self, current: dict[str, float], body: dict[str, object]) -> dict[str, float]:
+        """`current` with the body's changes, validated (ValueError names the problem)."""
+        weights = dict(current)
         for name, pct in body.items():
             if name not in self.cfg.upstreams:
                 raise ValueError(f"{name!r}: no such upstream; known: {sorted(self.cfg.upstreams)}")
@@ -69,8 +91,7 @@ class Admin:
             weights[name] = float(pct)
         if sum(weights.values()) > 100:
             raise ValueError(f"weights {weights} add up to more than 100 %")
-        self.router.weights.update(weights)  # the router reads it on the next request
-        return self.router.weights
+        return weights
 
     def set_verdict(self, body: dict[str, object]) -> dict[str, object]:
         tasks = body.get("tasks")
@@ -84,9 +105,33 @@ class Admin:
             score = item.get("score")
             if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
                 raise ValueError(f"{task}: score must be a number or null")
+        if self.shared is None:
+            self._set_gauges(tasks)
+            return tasks
+
+        def change(state: State) -> State:
+            verdicts = dict(state["verdicts"])
+            for task, item in tasks.items():  # a push without a score keeps the last one, as the gauge does
+                score = item.get("score")
+                verdicts[task] = {"verdict": item["verdict"],
+                                  "score": verdicts.get(task, {}).get("score") if score is None else score}
+            return {**state, "verdicts": verdicts}
+
+        with self.shared.locked():  # the gauges' timestamps follow the order of the changes
+            self.shared.update_locked(change)
+            self._set_gauges(tasks)
+        return tasks
+
+    def load_shared_verdicts(self) -> None:
+        """A worker at its start: every canary gauge from the shared state (0 where no verdict was pushed yet)."""
+        assert self.shared is not None
+        with self.shared.locked():
+            verdicts = self.shared.read()[1]["verdicts"]
+            self._set_gauges({task: verdicts.get(task, {"verdict": None}) for task in self.cfg.task_labels})
+
+    def _set_gauges(self, tasks: dict[str, Any]) -> None:
         for task, item in tasks.items():
             for verdict in CANARY_VERDICTS:
                 self.metrics.canary_verdict.labels(task, verdict).set(1 if item["verdict"] == verdict else 0)
             if item.get("score") is not None:
                 self.metrics.canary_score.labels(task).set(float(item["score"]))
-        return tasks

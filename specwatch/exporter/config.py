@@ -63,6 +63,7 @@ class ExporterConfig:
     event_log: Path | None = None
     event_log_max_bytes: int = 64 * 1024 * 1024
     admin_token_env: str | None = None  # the environment variable holding the admin bearer token; None: no admin
+    workers: int = 1  # processes serving the listen address (`specwatch.exporter.workers`); 1: this process alone
 
     @property
     def default_variant(self) -> str:
@@ -112,7 +113,8 @@ def _rule(raw: Any, where: str) -> TaskRule:
 # The keys of the YAML file (examples/exporter.yaml shows each); any other key is an error.
 YAML_KEYS = ("upstreams", "split", "mirror", "sticky_header", "listen_address", "tasks", "rules", "event_log",
              "event_log_max_bytes", "max_body_bytes", "probe_interval_seconds", "upstream_timeout_seconds",
-             "admin_token_env")
+             "admin_token_env", "workers")
+MAX_WORKERS = 256
 
 
 class _Yaml:
@@ -225,6 +227,13 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
     admin_token_env = flags.get("admin_token_env") or doc.text("admin_token_env")
     if admin_token_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(admin_token_env)):
         raise ConfigError(f"--admin-token-env {admin_token_env!r}: expected an environment variable name")
+    workers = flags.get("workers")
+    if workers is None:
+        workers = int(doc.number("workers", 1, integer=True))
+    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"--workers {workers!r}: expected a positive integer")
+    if workers > MAX_WORKERS:
+        raise ConfigError(f"workers {workers}: at most {MAX_WORKERS} (one per core is the useful most)")
     return ExporterConfig(
         upstreams=upstreams, split=split, mirror=mirror,
         sticky_header=(flags.get("sticky_header") or doc.text("sticky_header")),
@@ -234,4 +243,4 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
         upstream_timeout_seconds=float(doc.number("upstream_timeout_seconds", 600.0)),
         event_log=Path(event_log) if event_log else None,
         event_log_max_bytes=int(doc.number("event_log_max_bytes", 64 * 1024 * 1024, integer=True)),
-        admin_token_env=str(admin_token_env) if admin_token_env else None)
+        admin_token_env=str(admin_token_env) if admin_token_env else None, workers=workers)

@@ -6,9 +6,17 @@ The request families carry `variant` and `task`; the upstream probe's (`specwatc
 Counters end in `_total`; the registry is passed in. Children for every configured variant and
 task, every outcome, every canary verdict and (once k is known) every position are created up
 front so series exist at 0.
+
+With `--workers N` each worker's values live in prometheus_client's multiprocess files and
+`/metrics` sums them (counters and histogram buckets exactly; see `specwatch.exporter.workers`).
+The gauges are state, not per-worker quantities, so they aggregate as `mostrecent`: the probe's
+`specwatch_upstream_up` is the last probe's answer (worker 0 probes), the canary's gauges the
+last verdict pushed through the admin API, whichever worker took it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -23,6 +31,30 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 1
                300.0, 600.0)
 RATE_BUCKETS = tuple(i / 10 for i in range(1, 11))
 CANARY_VERDICTS = ("pass", "marginal", "fail", "insufficient")  # `specwatch canary --push-to`
+
+
+class Children:
+    """One (variant, task)'s children of the request families, looked up once: `labels()` costs
+    microseconds per call (argument checks, a lock, a dict), and a request touches about ten of them."""
+
+    __slots__ = ("requests", "missing", "steps", "draft_tokens", "accepted", "decode_steps", "prompt_tokens",
+                 "completion_tokens", "ttft", "tpot", "itl", "e2e", "request_acceptance_rate")
+
+    def __init__(self, m: ExporterMetrics, variant: str, task: str) -> None:
+        vt = (variant, task)
+        self.requests: dict[str, Any] = {}  # outcome -> child, filled on first use
+        self.missing: Any = m.missing.labels(*vt)
+        self.steps: Any = m.steps.labels(*vt)
+        self.draft_tokens: Any = m.draft_tokens.labels(*vt)
+        self.accepted: Any = m.accepted.labels(*vt)
+        self.decode_steps: Any = m.decode_steps.labels(*vt)
+        self.prompt_tokens: Any = m.prompt_tokens.labels(*vt)
+        self.completion_tokens: Any = m.completion_tokens.labels(*vt)
+        self.ttft: Any = m.ttft.labels(*vt)
+        self.tpot: Any = m.tpot.labels(*vt)
+        self.itl: Any = m.itl.labels(*vt)
+        self.e2e: Any = m.e2e.labels(*vt)
+        self.request_acceptance_rate: Any = m.request_acceptance_rate.labels(*vt)
 
 
 class ExporterMetrics:
@@ -62,7 +94,7 @@ class ExporterMetrics:
                                                  "Per-request draft acceptance rate C / D (requests with D > 0).",
                                                  vt, buckets=RATE_BUCKETS, registry=registry)
         self.upstream_up = Gauge("specwatch_upstream_up", "1 when the upstream answered its last health probe.",
-                                 ["variant"], registry=registry)
+                                 ["variant"], registry=registry, multiprocess_mode="mostrecent")
         self.probe_errors = Counter("specwatch_upstream_probe_errors", "Failed upstream health probes.",
                                     ["variant"], registry=registry)
         self.mirror_outputs = Counter("specwatch_mirror_outputs",
@@ -70,10 +102,11 @@ class ExporterMetrics:
                                       [*vt, "result"], registry=registry)
         self.canary_verdict = Gauge("specwatch_canary_verdict",
                                     "1 for the last verdict `specwatch canary` pushed for the task, 0 for the others.",
-                                    ["task", "verdict"], registry=registry)
+                                    ["task", "verdict"], registry=registry, multiprocess_mode="mostrecent")
         self.canary_score = Gauge("specwatch_canary_score", "The last canary score pushed for the task, 0..100.",
-                                  ["task"], registry=registry)
-        self._k_seen: set[tuple[str, str, int]] = set()
+                                  ["task"], registry=registry, multiprocess_mode="mostrecent")
+        self._positions: dict[tuple[str, str, int], tuple[list[Any], list[Any]]] = {}
+        self._children: dict[tuple[str, str], Children] = {}
         for task in cfg.task_labels:  # all 0 until a canary pushes a verdict
             for verdict in CANARY_VERDICTS:
                 self.canary_verdict.labels(task, verdict)
@@ -91,12 +124,22 @@ class ExporterMetrics:
                     for result in ("identical", "different"):
                         self.mirror_outputs.labels(variant, task, result)
 
-    def ensure_positions(self, variant: str, task: str, k: int) -> None:
-        """Pre-create position and histogram children once a variant's k is known (at most MAX_K: parse checks)."""
-        if (variant, task, k) in self._k_seen:
-            return
-        self._k_seen.add((variant, task, k))
-        for p in range(k):
-            self.per_pos.labels(variant, task, str(p))
-        for a in range(k + 1):
-            self.by_accepted.labels(variant, task, str(a))
+    def of(self, variant: str, task: str) -> Children:
+        """The cached children of (variant, task) (variant and task are bounded: the configured names)."""
+        try:
+            return self._children[variant, task]
+        except KeyError:
+            child = self._children[variant, task] = Children(self, variant, task)
+            return child
+
+    def ensure_positions(self, variant: str, task: str, k: int) -> tuple[list[Any], list[Any]]:
+        """Pre-create position and histogram children once a variant's k is known (at most MAX_K: parse checks);
+        returns them, cached: the `accepted` children 0..k and the `position` children 0..k-1."""
+        try:
+            return self._positions[variant, task, k]
+        except KeyError:
+            pass
+        by_accepted = [self.by_accepted.labels(variant, task, str(a)) for a in range(k + 1)]
+        per_pos = [self.per_pos.labels(variant, task, str(p)) for p in range(k)]
+        self._positions[variant, task, k] = by_accepted, per_pos
+        return by_accepted, per_pos

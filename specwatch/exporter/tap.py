@@ -14,6 +14,7 @@ Headers pass through untouched (minus hop-by-hop and the tap's own) and are neve
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import secrets
@@ -262,6 +263,12 @@ class Tap:
         self._direct = {name: _plain_http(url) for name, url in cfg.upstreams.items()}
         self._mirrors = asyncio.Semaphore(MAX_MIRRORS_IN_FLIGHT)
         self._background: set[asyncio.Task[None]] = set()
+        # request ids for requests without X-Request-Id: a random prefix per process and a counter (16 hex
+        # digits as before; no getrandom syscall per request)
+        self._id_prefix, self._ids = secrets.token_hex(4), itertools.count()
+
+    def _new_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids) & 0xFFFFFFFF:08x}"
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.cfg.upstream_timeout_seconds, sock_connect=5)
@@ -301,7 +308,7 @@ class Tap:
         single = parsed.get("n", 1) in (1, None) and not (isinstance(prompt, list) and len(prompt) > 1
                                                          and not isinstance(prompt[0], int))
         return RequestRecord(
-            request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8), variant=variant, task=task,
+            request_id=request.headers.get("X-Request-Id") or self._new_id(), variant=variant, task=task,
             path=request.path, stream=plan.stream, greedy=parsed.get("temperature") == 0,
             single=plan.parsed is not None and single)
 
@@ -309,7 +316,7 @@ class Tap:
         """A request refused before its body was read: classified by path and headers only."""
         task = classify(self.cfg, request.path, request.headers, None)
         return RequestRecord(
-            request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8),
+            request_id=request.headers.get("X-Request-Id") or self._new_id(),
             variant=self.router.route(request.headers), task=task, path=request.path, stream=False, greedy=False,
             single=False, outcome="rejected", status=status)
 
@@ -496,10 +503,11 @@ class Tap:
             else:
                 last = await self._relay_body(upstream, record, send)
             self._finish(record)  # before the last bytes: a client that has its answer sees it counted
-            if last:
-                await send(last)
-            if client is not None:
-                await response.write_eof()
+            if client is not None:  # the last bytes and the end of the body in one write (one syscall)
+                try:
+                    await response.write_eof(last)
+                except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                    raise _ClientGone() from None
         except _ClientGone:
             record.outcome = "client_abort"  # leaving the upstream context below cancels its request
         except (TimeoutError, aiohttp.ClientError):

@@ -7,6 +7,7 @@ from specwatch.grafana.panels import (
     BY_VT,
     COUNT,
     GREEN,
+    NONE,
     ORANGE,
     RATIO,
     RED,
@@ -23,6 +24,7 @@ from specwatch.grafana.panels import (
     timeseries,
 )
 from specwatch.monitoring import MONITORING, in_words, percent
+from specwatch.promconfig.rules import best_k_record, expected_tokens_record
 
 S, A = MONITORING, MONITORING.alerts
 UID = "specwatch-acceptance"
@@ -121,6 +123,32 @@ def _decay() -> Section:
     ])
 
 
+def _draft_length() -> Section:
+    slow = S.slow.duration
+    per_stream = f"variant_task_k:specwatch_expected_stream_tokens_per_second:ratio_{STEADY}{{{VT}}}"
+    return Section(f"Draft length: what each k would buy ({slow})", [
+        barchart("Expected tokens per step by k", f"Bars by draft length k, over the last {in_words(slow)}: "
+                 "1 + P(accepted >= 1) + ... + P(accepted >= k), the tokens a verify step would emit with k "
+                 "speculative tokens, from the unconditional acceptance by position (per variant and task). "
+                 "k = 0 is plain decoding (1). Where the bars flatten, more draft tokens buy nothing; a k beyond "
+                 "the deployed draft length has no bar (no data, never extrapolated).",
+                 f"{expected_tokens_record(slow)}{{{VT}}}", "k", VT_SERIES, TOKENS_PER_STEP),
+        stat("Best k at the current running batch size", "The draft length with the most output tokens per "
+             "second per stream at the running batch size of the last "
+             f"{in_words(slow)} (per engine), per variant and task: tokens per decode step for each k (the bars "
+             "beside, weighted by draft coverage) / the step time the loaded cost table gives for that k at "
+             "that batch size. Empty until a cost table from `specwatch tune` is loaded (docs/prometheus.md, "
+             "'Loading a cost table') and traffic flows; 0 means speculation does not pay there.",
+             targets((f"{best_k_record(slow)}{{{VT}}}", BY_VT)), NONE, w=12, h=8, decimals=0,
+             no_value="No cost table loaded"),
+        timeseries("Expected output tokens per second per stream by k", "What the best-k choice compares, per "
+                   "variant, task and k: tokens per decode step / the cost table's step time at the current "
+                   "running batch size. The highest line is the best k; how far the others are below it is what "
+                   "a fixed k gives away. Empty without a cost table.",
+                   targets((per_stream, "{{variant}} · {{task}} · k={{k}}")), TOKENS_PER_S, w=24, min_=0),
+    ])
+
+
 def _distributions() -> Section:
     return Section("Distributions", [
         barchart("Acceptance-length distribution", "Share of verify steps that accepted exactly 0, 1, ... k drafts "
@@ -170,4 +198,4 @@ def dashboard() -> Dashboard:
     return Dashboard(UID, "specwatch / Speculative decoding — acceptance",
                      "Acceptance rate, mean acceptance length, position-wise decay and distributions per task and "
                      "variant (exporter) and per server (vLLM), with the reconciliation of the two.",
-                     [_per_task(), _server(), _decay(), _distributions(), _quality()])
+                     [_per_task(), _server(), _decay(), _draft_length(), _distributions(), _quality()])

@@ -6,6 +6,10 @@ Kustomize cannot wrap a file into a custom resource, so `deploy/k8s/base/prometh
 generation (a test runs the same comparison). One object per rule file of `prometheus/rules/`, named after
 it, with the same groups: rendered from the same code and settings (`specwatch.promconfig.rules`), not
 read back from the files.
+
+`--wrap FILE` prints instead one PrometheusRule of a rule file of the user's own, such as the step-cost table
+`specwatch tune` writes (the cluster's equivalent of dropping it into Prometheus's `tuned/` folder):
+`python -m specwatch.k8s.rules --wrap specwatch-cost.yml | kubectl apply -f -`.
 """
 
 from __future__ import annotations
@@ -57,11 +61,37 @@ def render() -> str:
     return HEADER + "---\n".join(docs)
 
 
+NAMESPACE = "specwatch"  # the base's namespace (deploy/k8s/base/kustomization.yaml)
+
+
+def wrap(path: Path, namespace: str = NAMESPACE) -> str:
+    """One PrometheusRule with the groups of the rule file at `path`, labelled and placed as the base's are."""
+    text = path.read_text()
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list) or not doc["groups"]:
+        raise ValueError(f"{path}: not a Prometheus rule file (no `groups:`)")
+    rule = prometheus_rule(path.name, text)
+    rule["metadata"]["namespace"] = namespace
+    rule["metadata"]["labels"]["app.kubernetes.io/part-of"] = "specwatch"
+    return yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=10**6, allow_unicode=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specwatch.k8s.rules", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m specwatch.k8s.rules", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=OUT, help="the PrometheusRule file to write")
     parser.add_argument("--check", action="store_true", help=f"exit {EXIT_STALE} when the committed file is stale")
+    parser.add_argument("--wrap", type=Path, metavar="RULES.yml",
+                        help="print one PrometheusRule of this rule file (a cost table) instead, for kubectl apply")
+    parser.add_argument("--namespace", default=NAMESPACE, help="with --wrap: the PrometheusRule's namespace")
     args = parser.parse_args(argv)
+    if args.wrap is not None:
+        try:
+            sys.stdout.write(wrap(args.wrap, args.namespace))
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            print(f"python -m specwatch.k8s.rules: {exc}", file=sys.stderr)
+            return 2
+        return 0
     return write_or_check(args.out, render(), args.check, "python -m specwatch.k8s.rules")
 
 

@@ -218,7 +218,10 @@ class ChatUser(FastHttpUser):
                     if chunk.get("usage") and not choices:
                         result.completion_tokens = int(chunk["usage"].get("completion_tokens") or 0)
                         result.prompt_tokens = int(chunk["usage"].get("prompt_tokens") or 0)
-                        result.spec = (chunk.get("metrics") or {}).get("speculative_decoding")
+                        metrics = chunk.get("metrics") or {}
+                        result.spec = metrics.get("speculative_decoding")
+                        timing = {k: v for k, v in metrics.items() if k != "speculative_decoding"}
+                        result.server = timing or None
                 if not done:
                     raise ValueError("stream ended without [DONE]")
                 if not result.completion_tokens:

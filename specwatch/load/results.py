@@ -33,6 +33,8 @@ class RequestResult:
     prompt_tokens: int = 0
     spec: dict[str, Any] | None = None
     error: str | None = None
+    # the server's own timing of the request (`--enable-per-request-metrics`: generation_time_ms, mean_itl_ms, ...)
+    server: dict[str, Any] | None = None
 
     def line(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":")) + "\n"

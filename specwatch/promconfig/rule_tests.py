@@ -26,6 +26,7 @@ from specwatch.exporter.labels import OUTCOMES
 from specwatch.generated import write_or_check
 from specwatch.monitoring import MONITORING as S
 from specwatch.promconfig import rules as R
+from specwatch.tune.cost_rules import StepCost, batch_ranges
 
 INTERVAL_S = 15
 STEPS = 40                 # samples 0..40: ten minutes
@@ -103,6 +104,19 @@ EXPORTER_HIST_COUNTS = {("baseline", "code"): ((10, 30, 36, 40, 40), 16),
                         ("candidate", "code"): ((20, 30, 35, 38, 40), 10),
                         ("candidate", "chat"): ((2, 4, 20, 30, 40), 40)}
 
+# A step-cost table as `specwatch tune` writes it, planted as its constant series. The candidate runs 1.5
+# requests per engine (its row: batch size 2), the baseline 4 (its row: 8). At the candidate's row k = 4 is the
+# cheapest, but the candidate drafts 3 positions, so k = 4 has no expected tokens and must not win; the other
+# rows are cheap where a wrong row would change the answer.
+COST_TABLE = (
+    *(StepCost("candidate", 1, k, s) for k, s in enumerate((0.01, 0.001, 0.001, 0.001))),
+    *(StepCost("candidate", 2, k, s) for k, s in enumerate((0.01, 0.011, 0.012, 0.013, 0.001))),
+    *(StepCost("candidate", 16, k, s) for k, s in enumerate((0.01, 0.1, 0.1, 0.1))),
+    *(StepCost("baseline", 1, k, s) for k, s in enumerate((0.01, 0.011, 0.011, 0.011, 0.011))),
+    *(StepCost("baseline", 8, k, s) for k, s in enumerate((0.02, 0.03, 0.04, 0.05, 0.06))),
+    StepCost("baseline", 64, 0, 0.5), StepCost("baseline", 64, 4, 0.001),
+)
+
 
 def _resets(variant: str) -> bool:
     return variant == S.candidate
@@ -177,6 +191,17 @@ def input_series() -> list[tuple[str, str]]:
                 counter(f"{metric}_bucket", {**base, "le": bound}, n, rs)
             counter(f"{metric}_count", base, cumulative[-1], rs)
             counter(f"{metric}_sum", base, sum_slope, rs)
+
+    def constant(name: str, labels: dict[str, str], value: float) -> None:
+        out.append((_series(name, labels), f"{'+Inf' if value == math.inf else repr(value)}+0x{STEPS}"))
+
+    table = S.cost_table
+    for cost in COST_TABLE:
+        constant(table.step_cost, {"variant": cost.variant, "batch_size": str(cost.batch_size), "k": str(cost.k)},
+                 cost.seconds)
+    for (variant, size), (lower, upper) in batch_ranges(COST_TABLE).items():
+        constant(table.batch_lower, {"variant": variant, "batch_size": str(size)}, lower)
+        constant(table.batch_upper, {"variant": variant, "batch_size": str(size)}, upper)
     return out
 
 
@@ -342,7 +367,58 @@ def expected_by_record(window: str) -> dict[str, Expected]:
         x[f"variant_task:specwatch_output_tokens_per_request_second:ratio_{r}"], lambda a, b: a / b)
     x[f"task:specwatch_acceptance_rate:candidate_minus_baseline_{r}"] = _canary(
         x[f"variant_task:specwatch_acceptance_rate:ratio_{r}"], lambda a, b: a - b)
+    x.update(_tuning(window, x[f"variant_task_position:specwatch_acceptance_unconditional:ratio_{r}"],
+                     x[f"variant_task:specwatch_draft_coverage:ratio_{r}"]))
     return x
+
+
+def _running_per_engine() -> Expected:
+    engines: dict[Labels, list[int]] = {}
+    for (variant, _engine), c in VLLM_ENGINES.items():
+        engines.setdefault(_labels(variant=variant), []).append(c.running)
+    return {k: Fraction(sum(v), len(v)) for k, v in engines.items()}
+
+
+def _tuning(window: str, unconditional: Expected, coverage: Expected) -> dict[str, Expected]:
+    """Expected tokens per step by k, and with the cost table the cost, speed and best k at the running batch."""
+    r = f"rate{window}"
+    by_vt: dict[Labels, dict[int, Fraction]] = {}
+    for labels, value in unconditional.items():
+        d = dict(labels)
+        by_vt.setdefault(_labels(variant=d["variant"], task=d["task"]), {})[int(d["position"])] = value
+    expected: Expected = {}
+    for vt, positions in by_vt.items():
+        for k in range(S.max_expected_k + 1):
+            if all(p in positions for p in range(k)):   # no invented values beyond the drafted positions
+                expected[tuple(sorted((*vt, ("k", str(k)))))] = 1 + sum((positions[p] for p in range(k)), Fraction(0))
+    running = _running_per_engine()
+    cost_now: Expected = {}
+    for (variant, size), (lower, upper) in batch_ranges(COST_TABLE).items():
+        batch = running.get(_labels(variant=variant))
+        if batch is not None and lower < batch <= upper:
+            for cell in COST_TABLE:
+                if (cell.variant, cell.batch_size) == (variant, size):
+                    cost_now[_labels(variant=variant, k=str(cell.k))] = Fraction(str(cell.seconds))
+    per_stream: Expected = {}
+    for labels, tokens in expected.items():
+        d = dict(labels)
+        cost = cost_now.get(_labels(variant=d["variant"], k=d["k"]))
+        cov = coverage.get(_labels(variant=d["variant"], task=d["task"]))
+        if cost is not None and cov is not None:
+            per_stream[labels] = (1 + (tokens - 1) * cov) / cost
+    best: dict[Labels, tuple[Fraction, int]] = {}
+    for labels, speed in per_stream.items():
+        d = dict(labels)
+        vt, k = _labels(variant=d["variant"], task=d["task"]), int(d["k"])
+        if vt not in best or speed > best[vt][0] or (speed == best[vt][0] and k < best[vt][1]):
+            best[vt] = (speed, k)
+    return {
+        f"variant:vllm_num_requests_running:avg_over_time{window}": running,
+        R.expected_tokens_record(window): expected,
+        f"variant_k:specwatch_step_cost_seconds:at_running_batch_{r}": cost_now,
+        f"variant_task_k:specwatch_expected_stream_tokens_per_second:ratio_{r}": per_stream,
+        R.best_k_record(window): {vt: Fraction(k) for vt, (_, k) in best.items()},
+    }
 
 
 def _canary(per_variant: Expected, op: Callable[[Fraction, Fraction], Fraction],
@@ -369,7 +445,8 @@ def expected_gauges() -> dict[str, Expected]:
         running[k] = running.get(k, Fraction(0)) + c.running
         waiting[k] = waiting.get(k, Fraction(0)) + c.waiting
     return {"variant:vllm_kv_cache_usage_perc:max": kv, "variant:vllm_num_requests_running:sum": running,
-            "variant:vllm_num_requests_waiting:sum": waiting}
+            "variant:vllm_num_requests_waiting:sum": waiting,
+            R.K_VALUE: {_labels(k=str(k)): Fraction(k) for k in range(S.max_expected_k + 1)}}
 
 
 # --- rendering -----------------------------------------------------------------------------------

@@ -241,12 +241,85 @@ def cross_rules(window: str) -> list[RecordingRule]:
     return rules
 
 
+K_VALUE = "k:specwatch_num_speculative_tokens:constant"
+
+
+def k_rules() -> list[RecordingRule]:
+    """The draft lengths k = 0 .. max_expected_k as numbers, so a rule can turn the winning `k` label into a value."""
+    return [RecordingRule(K_VALUE, f"vector({k})", "The draft length k as a value (label k = value).", "gauge",
+                          {"k": str(k)})
+            for k in range(S.max_expected_k + 1)]
+
+
+def expected_tokens_record(window: str) -> str:
+    return f"variant_task_k:specwatch_expected_tokens_per_step:ratio_rate{window}"
+
+
+def best_k_record(window: str) -> str:
+    return f"variant_task:specwatch_best_k:argmax_rate{window}"
+
+
+def tuning_rules(window: str) -> list[RecordingRule]:
+    """What each draft length k would buy (expected tokens per verify step, from the per-position acceptance), and,
+    when a cost table is loaded (`specwatch.tune.cost_rules`), the k that maximises a stream's output tokens per
+    second at the current running batch size.
+
+    E[tokens per step | k] = 1 + sum over positions p < k of P(accepted length >= p + 1). Only positions the
+    deployment drafted have data: for a k beyond the deployed draft length the rule gives no sample (the count of
+    positions present must be k), never the sum of the positions that happen to exist.
+    """
+    r = f"rate{window}"
+    unconditional = f"variant_task_position:specwatch_acceptance_unconditional:ratio_{r}"
+    coverage = f"variant_task:specwatch_draft_coverage:ratio_{r}"
+    expected = expected_tokens_record(window)
+    running = f"variant:{record_metric(V.running)}:avg_over_time{window}"
+    cost_now = f"variant_k:specwatch_step_cost_seconds:at_running_batch_{r}"
+    per_stream = f"variant_task_k:specwatch_expected_stream_tokens_per_second:ratio_{r}"
+    c = S.cost_table
+    rules = [
+        RecordingRule(running, f"avg by (variant) (avg_over_time({V.running}[{window}]))",
+                      "Running batch size per engine: requests in the running batch, averaged over the window and "
+                      "over the variant's engines and replicas (the batch one step verifies).", "gauge"),
+        RecordingRule(expected, f"1 + 0 * max without (position) ({unconditional}{{position=\"0\"}})",
+                      "Expected tokens per verify step at k = 0 (no speculation): 1, for each variant and task "
+                      "with acceptance data.", "ratio", {"k": "0"}),
+    ]
+    for k in range(1, S.max_expected_k + 1):
+        positions = f'{unconditional}{{position=~"{"|".join(str(p) for p in range(k))}"}}'
+        rules.append(RecordingRule(
+            expected, f"(1 + sum without (position) ({positions}))\nand on (variant, task)\n"
+                      f"(count without (position) ({positions}) == {k})",
+            f"Expected tokens per verify step at k = {k}: 1 + the sum of P(accepted >= i) for i = 1..{k}; "
+            f"nothing unless positions 0..{k - 1} all have data.", "ratio", {"k": str(k)}))
+    rules += [
+        RecordingRule(cost_now,
+                      f"max without (batch_size) (\n  {c.step_cost}\n  and on (variant, batch_size)\n"
+                      f"  ({c.batch_lower} < on (variant) group_left () {running})\n"
+                      f"  and on (variant, batch_size)\n"
+                      f"  ({c.batch_upper} >= on (variant) group_left () {running})\n)",
+                      "Cost table: the median step time per k at the table's batch size whose range holds the "
+                      "current running batch (none without a cost table).", "ratio"),
+        RecordingRule(per_stream,
+                      f"(1 + ({expected} - 1) * on (variant, task) group_left () {coverage})\n"
+                      f"/ on (variant, k) group_left ()\n{cost_now}",
+                      "Expected output tokens per second of one stream at k and the current running batch: tokens "
+                      "per decode step (1 + draft coverage * (E[tokens per step | k] - 1)) / step time.", "ratio"),
+        RecordingRule(best_k_record(window),
+                      f"min by (variant, task) (\n  {K_VALUE}\n  + on (k) group_right ()\n"
+                      f"  0 * ({per_stream} == on (variant, task) group_left () "
+                      f"max by (variant, task) ({per_stream}))\n)",
+                      "Best k at the current running batch size: the k with the most output tokens per second "
+                      "per stream (the smallest on a tie).", "ratio"),
+    ]
+    return rules
+
+
 def recording_groups() -> list[Group]:
     """One group per window, ordered so each rule reads only series recorded before it in its group."""
     groups = [Group(f"specwatch.{w.rate}", tuple(vllm_rules(w.duration) + exporter_rules(w.duration)
-                                                   + cross_rules(w.duration)))
+                                                   + cross_rules(w.duration) + tuning_rules(w.duration)))
               for w in S.windows]
-    return [Group("specwatch.gauges", tuple(vllm_gauge_rules())), *groups]
+    return [Group("specwatch.gauges", tuple(vllm_gauge_rules() + k_rules())), *groups]
 
 
 def _quote(value: str) -> str:

@@ -1,8 +1,9 @@
 """A local Prometheus (the Debian binary) on the packaged configuration, for `specwatch up` and tests.
 
-The run folder gets a verbatim copy of `specwatch/data/prometheus/prometheus.yml`, a link to the rules, and
-loopback target files in the layout compose mounts, so the local stack and compose read the
-same configuration and differ only in where the targets are.
+The run folder gets a verbatim copy of `specwatch/data/prometheus/prometheus.yml`, a link to the rules,
+loopback target files in the layout compose mounts, and a `tuned/` folder for rule files of the user's own
+(a step-cost table from `specwatch tune`), so the local stack and compose read the same configuration and
+differ only in where the targets and the tuned rules are.
 """
 
 from __future__ import annotations
@@ -58,8 +59,12 @@ class Targets:
         }
 
 
-def write_layout(folder: Path, targets: Targets, source: Path = resources.PROMETHEUS) -> Path:
-    """The configuration folder Prometheus runs from; returns the path of its prometheus.yml."""
+def write_layout(folder: Path, targets: Targets, source: Path = resources.PROMETHEUS,
+                 tuned: Sequence[Path] = ()) -> Path:
+    """The configuration folder Prometheus runs from; returns the path of its prometheus.yml.
+
+    `tuned`: rule files copied into its `tuned/` folder (prometheus.yml loads `tuned/*.yml`), e.g. a cost table.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "prometheus.yml"
     shutil.copyfile(source / "prometheus.yml", config)
@@ -73,15 +78,23 @@ def write_layout(folder: Path, targets: Targets, source: Path = resources.PROMET
         tmp = target_dir / f".{name}.tmp"
         tmp.write_text(yaml.safe_dump(groups, sort_keys=False))
         tmp.replace(target_dir / name)  # atomic: file_sd never reads half a file
+    tuned_dir = folder / MONITORING.cost_table.folder
+    tuned_dir.mkdir(exist_ok=True)
+    for path in tuned:
+        if path.suffix != ".yml":
+            raise ValueError(f"tuned rule file {path}: prometheus.yml loads only tuned/*.yml")
+        shutil.copyfile(path, tuned_dir / path.name)
     return config
 
 
 class PrometheusServer:
     """`prometheus` on 127.0.0.1:`port`, its data and log under `folder`; stopped with its context."""
 
-    def __init__(self, folder: Path, targets: Targets, port: int, binary: str = "prometheus") -> None:
+    def __init__(self, folder: Path, targets: Targets, port: int, binary: str = "prometheus",
+                 tuned: Sequence[Path] = ()) -> None:
         self.folder = folder
         self.targets = targets
+        self.tuned = tuple(tuned)  # rule files for its tuned/ folder (a cost table)
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.binary = binary
@@ -102,7 +115,7 @@ class PrometheusServer:
         if found is None:
             raise PrometheusError(f"no `{self.binary}` on PATH: the README's commands install Debian's prometheus "
                                   "(apt-get install --no-install-recommends prometheus)")
-        config = write_layout(self.folder / "config", self.targets)
+        config = write_layout(self.folder / "config", self.targets, tuned=self.tuned)
         self.process = Supervisor("prometheus", self.argv(config), self.folder / "prometheus.log",
                                   self.url + "/-/ready", grace=20.0, append=True, error=PrometheusError)
         self.process.start(timeout)
@@ -111,7 +124,7 @@ class PrometheusServer:
     def retarget(self, targets: Targets) -> None:
         """Point the running server at other targets (file discovery picks them up within seconds)."""
         self.targets = targets
-        write_layout(self.folder / "config", targets)
+        write_layout(self.folder / "config", targets, tuned=self.tuned)
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         """An instant query; the vector's samples as {"metric": labels, "value": [ts, "v"]}."""

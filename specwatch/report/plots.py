@@ -171,9 +171,8 @@ def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict
     of too few samples (no interval). The grey band is the policy's tolerance.
     """
     policy = policy or policy_mod.load()
-    base = run.variant(baseline)
     tasks, concs = _perf_tasks(run), _concurrencies(run)
-    candidates = [v for v in run.variants if v.name != baseline]
+    candidates = run.candidates(baseline)
     fig, axes = plt.subplots(len(tasks) or 1, len(PERF_METRICS), figsize=(14, 3.2 * max(len(tasks), 1)),
                              squeeze=False)
     width = 0.8 / max(len(candidates), 1)
@@ -181,9 +180,9 @@ def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict
         for col, metric in enumerate(PERF_METRICS):
             ax = axes[row][col]
             band = None
-            for i, v in enumerate(candidates):
+            for i, (v, base) in enumerate(candidates):
                 if base is None:
-                    break
+                    continue
                 for j, c in enumerate(concs):
                     line = next(m for m in perf_lines(v, base, c, task, policy) if m.metric == metric)
                     cmp = line.comparison

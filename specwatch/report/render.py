@@ -20,19 +20,16 @@ def _f(value: float | None, fmt: str = ".3f") -> str:
 
 def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
     """Every candidate, task, concurrency and metric: the judge's effect, interval, n, p and finding."""
-    base = run.variant(baseline)
     rules = policy.rules
     lines = ["", "## Performance against the baseline (the judge)", "",
              f"Candidate / baseline per request sample: Mann-Whitney U (p) and the Hodges-Lehmann ratio with its "
              f"{rules.confidence:.0%} interval, judged only with at least {rules.min_samples} requests per side "
              f"(alpha {rules.alpha:g}); a change counts when it is significant and its whole interval lies beyond "
              "the tolerance (the canary policy's).", "",
-             "| variant | task | concurrency | metric | effect [CI] | n (b / c) | p | finding |",
-             "|---|---|--:|---|---|---|--:|---|"]
-    if base is None:
-        return lines
-    for v in run.variants:
-        if v is base or v.state != "done":
+             "| variant | baseline | task | concurrency | metric | effect [CI] | n (b / c) | p | finding |",
+             "|---|---|---|--:|---|---|---|--:|---|"]
+    for v, base in run.candidates(baseline):
+        if base is None or v.state != "done":
             continue
         for c in sorted(set(v.requests) | set(v.perf)):
             for task in sorted(set(v.requests.get(c, {})) | set(v.perf.get(c, {}))):
@@ -42,15 +39,22 @@ def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
                     e = cmp.effect
                     effect = "-" if e is None else f"{e.estimate:.3f}x [{e.low:.3f}, {e.high:.3f}]"
                     p = "-" if cmp.p_value is None else f"{cmp.p_value:.2g}"
-                    lines.append(f"| {v.name} | {task} | {c} | {TITLES[m.metric]} | {effect} | "
+                    lines.append(f"| {v.name} | {base.name} | {task} | {c} | {TITLES[m.metric]} | {effect} | "
                                  f"{cmp.n_baseline} / {cmp.n_candidate} | {p} | {m.finding} |")
     return lines
+
+
+def _own_baselines(run: RunResults, baseline: str) -> str:
+    own = [f"`{v.name}` against `{b.name}`" for v, b in run.candidates(baseline)
+           if b is not None and b.name != baseline]
+    return f" ({', '.join(own)})" if own else ""
 
 
 def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict], plots: list[Path],
              policy: Policy) -> str:
     lines = [f"# specwatch study {run.run_id}", "",
-             f"Baseline: `{baseline}`; target concurrency: {target}. Acceptance comes from the acceptance pass's "
+             f"Baseline: `{baseline}`{_own_baselines(run, baseline)}; target concurrency: {target}. "
+             "Acceptance comes from the acceptance pass's "
              "per-request fields (summed first, then divided); performance from Locust at fixed concurrency with "
              "`ignore_eos`; the server figures from exact `/metrics` snapshot differences.", "",
              "## Variants and backends", "", "| variant | state | backend | method | num_gpu_blocks | reconciled |",
@@ -61,7 +65,8 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
                      f"{'-' if v.reconciled is None else ('yes' if v.reconciled else 'NO')} |")
     lines += ["", "## Go / no-go", "",
               "GO: TPOT and output tok/s both better than the baseline beyond the tolerance, with evidence; NO-GO: "
-              "a metric worse beyond the tolerance, outputs that differ, or KV capacity lost above the bound; "
+              "TPOT or output tok/s worse beyond the tolerance, outputs that differ, or KV capacity lost above the "
+              "bound (a worse ITL p95 is a caution: speculation streams in bursts of a verify step); "
               f"INCONCLUSIVE otherwise (fewer than {policy.min_samples} requests per side, or no change beyond the "
               "tolerance). Each metric: effect [interval], n = baseline / candidate requests.", "",
               "| variant | task | verdict |", "|---|---|---|"]
@@ -88,10 +93,11 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
                              f"{_f((s.get('itl_ms') or {}).get('p99'), '.2f')} | "
                              f"{_f(s.get('output_tokens_per_second'), '.1f')} | {s.get('failures', '-')} |")
     lines += _judged(run, baseline, policy)
-    base = run.variant(baseline)
+    judged_against = {v.name: base for v, base in run.candidates(baseline)}
     lines += ["", "## Quality (greedy outputs of the acceptance pass)", "",
-              "| variant | task | identical to baseline | code edit correct |", "|---|---|---|---|"]
+              "| variant | task | identical to its baseline | code edit correct |", "|---|---|---|---|"]
     for v in run.variants:
+        base = judged_against.get(v.name)
         for task, outputs in sorted(v.outputs.items()):
             same = identity(outputs, base.outputs.get(task, [])) if base else None
             correct, judged = code_correct_share(outputs, run.prompts.get(task, []))

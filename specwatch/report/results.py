@@ -46,6 +46,7 @@ class VariantResults:
     backend: str | None = None
     speculative: bool = False
     method: str | None = None
+    baseline: str | None = None                  # the variant the plan compares it with (status.json), if any
     num_gpu_blocks: int | None = None
     acceptance: dict[str, Acceptance] = field(default_factory=dict)      # task -> acceptance pass sums
     outputs: dict[str, list[Output]] = field(default_factory=dict)      # task -> per request, by index
@@ -81,6 +82,18 @@ class RunResults:
 
     def variant(self, name: str) -> VariantResults | None:
         return next((v for v in self.variants if v.name == name), None)
+
+    def candidates(self, default: str) -> list[tuple[VariantResults, VariantResults | None]]:
+        """Every variant to judge, with the variant it is judged against.
+
+        Its own baseline where the plan gave it one (MTP against MiMo's plain model), else `default`;
+        `default` and the variants that are some candidate's baseline are baselines, not candidates.
+        """
+        def base_of(v: VariantResults) -> str:
+            return v.baseline if v.baseline and self.variant(v.baseline) is not None else default
+
+        baselines = {default} | {base_of(v) for v in self.variants if v.speculative}
+        return [(v, self.variant(base_of(v))) for v in self.variants if v.name not in baselines]
 
 
 def _json(path: Path) -> Any:
@@ -129,8 +142,9 @@ def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
     status_path = folder / "status.json"
     status = _json(status_path) if status_path.exists() else {"state": "missing"}
     config = spec.get("speculative_config") or None
+    declared = status.get("baseline") or spec.get("baseline")
     result = VariantResults(name, str(status.get("state", "missing")), status.get("error"),
-                            speculative=config is not None,
+                            speculative=config is not None, baseline=str(declared) if declared else None,
                             method=(config or {}).get("method") or (config or {}).get("model") if config else None)
     env_path = folder / "environment.json"
     if env_path.exists():
@@ -181,6 +195,11 @@ def load(folder: Path) -> RunResults:
     declared = plan.get("variants") or {}
     if isinstance(declared, list):  # a list of {name: ..., ...} is accepted too
         declared = {str(v["name"]): v for v in declared if isinstance(v, dict) and "name" in v}
+    if not declared and isinstance(plan.get("sweep"), dict):  # a sweep: k0, k1, ... and dynamic, as they ran
+        for name in run.get("variants", []):
+            status_path = folder / "variants" / str(name) / "status.json"
+            status = _json(status_path) if status_path.exists() else {}
+            declared[str(name)] = {"speculative_config": status.get("speculative_config")}
     variants = [_variant(folder / "variants" / str(name), str(name), spec if isinstance(spec, dict) else {})
                 for name, spec in declared.items()]
     timeline = _json(folder / "timeline.json") if (folder / "timeline.json").exists() else None

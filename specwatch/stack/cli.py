@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pick free loopback ports instead of 8000/8001, 9400, 9090, 8089, 3000")
     parser.add_argument("--sim-time-scale", type=float, default=1.0)
     parser.add_argument("--out", type=Path, help="run folder (default <home>/runs/up-<time>)")
+    parser.add_argument("--rules", type=Path, action="append", default=[], metavar="FILE.yml",
+                        help="a rule file of your own for Prometheus to load, e.g. the cost table `specwatch tune` "
+                             "writes (the best-k panel); repeatable")
 
 
 def run(home: Home, args: argparse.Namespace) -> int:
@@ -51,7 +54,8 @@ def run(home: Home, args: argparse.Namespace) -> int:
                           free_ports() if args.free_ports else Ports(), args.split, args.headless, args.requests,
                           args.concurrency, args.max_tokens, args.duration, args.sim_time_scale,
                           os.environ.get("GRAFANA_ADMIN_PASSWORD"),
-                          DEFAULT_ADMIN_TOKEN_ENV if os.environ.get(DEFAULT_ADMIN_TOKEN_ENV) else None)
+                          DEFAULT_ADMIN_TOKEN_ENV if os.environ.get(DEFAULT_ADMIN_TOKEN_ENV) else None,
+                          tuple(args.rules))
     except ValueError as exc:
         print(f"specwatch up: {exc}", file=sys.stderr)
         return EXIT_USAGE

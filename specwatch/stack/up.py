@@ -71,8 +71,13 @@ class StackConfig:
     # the variable holding the exporter's admin token (set in the environment the exporter inherits); None: no
     # admin API. The token itself is never in this object.
     admin_token_env: str | None = None
+    # rule files of the user's own for Prometheus's tuned/ folder (a cost table from `specwatch tune`)
+    tuned_rules: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
+        for path in self.tuned_rules:
+            if path.suffix != ".yml" or not path.is_file():
+                raise ValueError(f"--rules {path}: expected an existing .yml rule file (a cost table)")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
         if self.backend == "urls" and set(self.urls) != set(VARIANTS):
@@ -171,7 +176,7 @@ class Stack:
 
     def start_prometheus(self) -> None:
         prom = PrometheusServer(self.cfg.run_dir / "prometheus", Targets(self.servers, (self.exporter_url,)),
-                                self.cfg.ports.prometheus)
+                                self.cfg.ports.prometheus, tuned=self.cfg.tuned_rules)
         self.exits.callback(prom.stop)
         prom.start()
         self.prometheus = prom

@@ -1,0 +1,93 @@
+"""Per-request CPU of a proxy: a stub upstream with one content chunk and no delays, N requests sent
+one at a time and N sent at once (a burst), the proxy's CPU time (utime+stime from /proc) per request.
+
+Usage: python per_request.py --proxy URL@PID --direct URL@PID [-n 2000] [--burst 64]
+Each request is the harness's streamed chat request (include_usage set, as proxy_bench sends it).
+Prints, per mode, CPU µs per request for the proxy and for the stub, and the client-seen TTFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+
+import aiohttp
+
+TICK = os.sysconf("SC_CLK_TCK")
+BODY = json.dumps({"model": "stub-model", "stream": True, "stream_options": {"include_usage": True},
+                   "messages": [{"role": "user", "content": "Write a short note about speculative decoding."}]})
+
+
+def cpu(pid: int) -> float:
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(f[11]) + int(f[12])) / TICK
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        kids = [int(x) for x in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+    return kids + [g for k in kids for g in _children(k)]
+
+
+async def one(session: aiohttp.ClientSession, url: str) -> float:
+    t0 = time.perf_counter()
+    first = None
+    async with session.post(url + "/v1/chat/completions", data=BODY,
+                            headers={"Content-Type": "application/json"}) as r:
+        async for _ in r.content.iter_any():
+            if first is None:
+                first = time.perf_counter() - t0
+    return first or 0.0
+
+
+async def measure(url: str, pids: list[int], n: int, burst: int) -> dict[str, object]:
+    out: dict[str, object] = {}
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        await asyncio.gather(*(one(s, url) for _ in range(max(burst, 16))))  # warm: connections open
+        for mode in ("sequential", f"burst{burst}"):
+            c0 = [cpu(p) for p in pids]
+            t0 = time.perf_counter()
+            ttfts: list[float] = []
+            if mode == "sequential":
+                for _ in range(n):
+                    ttfts.append(await one(s, url))
+            else:
+                for _ in range(n // burst):
+                    ttfts += await asyncio.gather(*(one(s, url) for _ in range(burst)))
+            wall = time.perf_counter() - t0
+            c1 = [cpu(p) for p in pids]
+            out[mode] = {"cpu_us_per_req": [round((b - a) / len(ttfts) * 1e6, 1) for a, b in zip(c0, c1, strict=True)],
+                         "ttft_ms_p50": round(statistics.median(ttfts) * 1e3, 3),
+                         "ttft_ms_max": round(max(ttfts) * 1e3, 3), "wall_s": round(wall, 2), "n": len(ttfts)}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("target", nargs="+", metavar="name=URL@PID[,PID]")
+    p.add_argument("-n", type=int, default=2000)
+    p.add_argument("--burst", type=int, default=64)
+    a = p.parse_args()
+    for t in a.target:
+        name, rest = t.split("=", 1)
+        url, pids = rest.rsplit("@", 1)
+        res = asyncio.run(measure(url, [int(x) for x in pids.split(",")], a.n, a.burst))
+        print(name, json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

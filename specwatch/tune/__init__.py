@@ -1,0 +1,9 @@
+"""`specwatch tune`: from a sweep (one method x draft length k x concurrency), the best k per batch size.
+
+Modules: `sweep` (a sweep run folder in: per cell, per request TPOT, decode steps, the
+position-wise acceptance), `fit` (expected tokens per step per k from the acceptance, step cost
+per (batch size, k), the recommendation and its bootstrap intervals), `live` (the acceptance from
+a Prometheus window of live traffic instead), `render` (the report and the plot), `tuner` (the
+files `specwatch tune` writes), `proof` (the recommended dynamic config against every fixed k),
+`cost_rules` (the cost table as a Prometheus rules file), `cli` (the verb).
+"""

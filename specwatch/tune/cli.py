@@ -1,0 +1,93 @@
+"""`specwatch tune RUN [--max-tpot-ms MS] [--mix code=0.7,chat=0.3] [--prometheus URL --window 1h]`.
+
+Reads a sweep run (`specwatch experiment` with a `sweep:` plan), writes `RUN/tune/` (or `--out`):
+the `--speculative-config` with its per-batch-size table, the report, the plot, `cost-rules.yml`;
+and, when the run measured the dynamic config, `proof.md`. Exit codes: 0 done; 2 not a sweep run
+or a bad flag; 1 Prometheus unreachable or empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from specwatch.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from specwatch.config import Home
+from specwatch.exporter.labels import NAME_PATTERN
+from specwatch.tune import fit, live, proof, tuner
+from specwatch.tune.sweep import SweepError, load
+
+
+def _mix(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        task, sep, weight = part.partition("=")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = -1.0
+        if not sep or not task.strip() or value < 0:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected TASK=WEIGHT, e.g. code=0.7,chat=0.3")
+        out[task.strip()] = value
+    if not sum(out.values()) > 0:
+        raise argparse.ArgumentTypeError("the weights add up to 0")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", type=Path, help="a sweep's run folder (results/<run-id>)")
+    p.add_argument("--out", type=Path, help="where to write (default RUN/tune)")
+    p.add_argument("--max-tpot-ms", type=float, help="the TPOT objective: every task's expected TPOT must stay at "
+                   "or below it (default: the plan's sweep.max_tpot_ms, else none)")
+    p.add_argument("--mix", type=_mix, help="the task mix, e.g. code=0.7,chat=0.3 (default: the observed traffic's: "
+                   "the sweep's requests, or the Prometheus window's with --prometheus)")
+    p.add_argument("--tolerance", type=float, default=0.01,
+                   help="prefer the smallest k within this fraction of the best throughput (default 0.01)")
+    p.add_argument("--prometheus", help="take the acceptance (and the default mix) from live traffic: this "
+                   "Prometheus's exporter counters over --window; the step costs stay the sweep's")
+    p.add_argument("--window", default="1h", help="the live window (a PromQL range, default 1h)")
+    p.add_argument("--variant", default=".*", help="the exporter's variant label(s) to read (a regex, default all)")
+    p.add_argument("--cost-variant", help="the `variant` label of cost-rules.yml: the live deployment's (the "
+                   "exporter's route, e.g. candidate), so the dashboard's best k joins its traffic (default: the "
+                   "sweep's method)")
+
+
+def run(home: Home, args: argparse.Namespace) -> int:
+    if args.cost_variant is not None and not NAME_PATTERN.fullmatch(args.cost_variant):
+        print(f"specwatch tune: --cost-variant {args.cost_variant!r}: expected a variant label "
+              f"({NAME_PATTERN.pattern})", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        sweep = load(args.run)
+    except SweepError as exc:
+        print(f"specwatch tune: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out = args.out or args.run / "tune"
+    console = Console(stderr=True)
+    mix, acceptance, source = args.mix, None, "the sweep"
+    if args.prometheus:
+        swept = fit.build_model(sweep).acceptance
+        try:
+            acceptance, live_mix = live.acceptance(args.prometheus, args.window, args.variant, swept, max(sweep.ks))
+        except live.LiveError as exc:
+            print(f"specwatch tune: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        mix = mix or live_mix
+        source = f"live traffic ({args.prometheus}, last {args.window})"
+    try:
+        rec = tuner.tune(sweep, mix=mix, max_tpot_ms=args.max_tpot_ms if args.max_tpot_ms is not None
+                         else sweep.max_tpot_ms, acceptance=acceptance, acceptance_source=source,
+                         tolerance=args.tolerance)
+    except ValueError as exc:
+        print(f"specwatch tune: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    tuner.write(sweep, rec, out, args.cost_variant)
+    console.print(tuner.render.summary(sweep, rec))
+    if sweep.dynamic:
+        console.print(proof.write_proof(args.run, out))
+    console.print(f"written: {out}/tune.md, speculative-config.json, cost-rules.yml, tune.png"
+                  + (", proof.md" if sweep.dynamic else ""))
+    return EXIT_OK

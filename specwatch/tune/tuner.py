@@ -1,0 +1,93 @@
+"""What `specwatch tune` writes into `<run>/tune/`: the config, the recommendation, cost rules, report and plot.
+
+    tune/
+      speculative-config.json   the exact `--speculative-config` value (null: no speculation recommended)
+      recommendation.json       ranges, the model (acceptance per task, mix, cost table), gains with intervals
+      cost-rules.yml            the step-cost table as a Prometheus rules file (specwatch.tune.cost_rules)
+      tune.md                   the report in plain words
+      tune.png                  k against batch size; the expected gain per k against batch size
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from specwatch.experiment.layout import write_json, write_text
+from specwatch.tune import fit, render
+from specwatch.tune.cost_rules import StepCost, write_cost_rules
+from specwatch.tune.sweep import Sweep, load
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    ranges: fit.Ranges
+    speculative_config: dict[str, Any] | None
+    model: fit.Model
+    choices: list[fit.Choice]
+    gains: dict[tuple[int, int], fit.Interval]  # (batch, k) at the measured concurrencies
+    max_tpot_ms: float | None
+    acceptance_source: str
+
+
+def tune(sweep: Sweep, *, mix: Mapping[str, float] | None = None, max_tpot_ms: float | None = None,
+         acceptance: Mapping[str, tuple[float, ...]] | None = None, acceptance_source: str = "the sweep",
+         tolerance: float = 0.01, resamples: int = 300) -> Recommendation:
+    model = fit.build_model(sweep, mix, acceptance)
+    choices, ranges = fit.recommend(model, max(sweep.concurrencies), max_tpot_ms, tolerance)
+    chosen = {c.batch: c.k for c in choices}
+    points = [(b, chosen[b]) for b in sweep.concurrencies] + [(b, k) for b in sweep.concurrencies for k in sweep.ks]
+    gains = fit.bootstrap_gains(sweep, model, sorted(set(points)), resamples, live_acceptance=acceptance is not None)
+    return Recommendation(ranges, fit.speculative_config(sweep.method, ranges), model, choices, gains,
+                          max_tpot_ms, acceptance_source)
+
+
+def step_costs(sweep: Sweep, model: fit.Model, variant: str | None = None) -> list[StepCost]:
+    """The fitted step cost at each measured concurrency for every k (interpolated at the batch size itself).
+
+    `variant`: the `variant` label the rules carry, which must be the live deployment's (the
+    exporter's route, e.g. `candidate`) for the dashboard's "best k" to join; default the method.
+    """
+    label = variant or sweep.label
+    return [StepCost(label, b, k, round(model.cost.at(b, k), 6)) for b in model.cost.batches for k in sweep.ks]
+
+
+def write(sweep: Sweep, rec: Recommendation, out: Path, cost_variant: str | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "speculative-config.json", json.dumps(rec.speculative_config) + "\n")
+    write_cost_rules(step_costs(sweep, rec.model, cost_variant), out / "cost-rules.yml")
+    m = rec.model
+    write_json(out / "recommendation.json", {
+        "method": dict(sweep.method), "speculative_config": rec.speculative_config,
+        "num_speculative_tokens_per_batch_size": [list(r) for r in rec.ranges],
+        "max_tpot_ms": rec.max_tpot_ms, "acceptance_source": rec.acceptance_source, "mix": dict(m.mix),
+        "acceptance_per_position": {t: list(p) for t, p in m.acceptance.items()},
+        "expected_tokens_per_step": {t: {str(k): fit.expected_tokens(p, k) for k in sweep.ks}
+                                     for t, p in m.acceptance.items()},
+        "step_cost_seconds": {f"{b},{k}": s for (b, k), s in sorted(m.cost.seconds.items())},
+        "measured_batch": {f"{b},{k}": m.cost.batch(b, k) for (b, k) in sorted(m.cost.seconds)},
+        "gains": [{"batch": b, "k": k, "gain": i.estimate, "low": i.low, "high": i.high}
+                  for (b, k), i in sorted(rec.gains.items())],
+        "choices": [{"batch": c.batch, "k": c.k, "tpot_ms": dict(c.tpot_ms), "meets_objective": c.meets_objective}
+                    for c in rec.choices],
+    })
+    render.plot(sweep, rec, out / "tune.png")
+    write_text(out / "tune.md", render.markdown(sweep, rec))
+
+
+def tune_run(root: Path, out: Path, *, max_tpot_ms: float | None = None, mix: Mapping[str, float] | None = None,
+             acceptance: Mapping[str, tuple[float, ...]] | None = None, acceptance_source: str = "the sweep",
+             console: Console | None = None) -> Recommendation:
+    sweep = load(root)
+    rec = tune(sweep, mix=mix, max_tpot_ms=max_tpot_ms if max_tpot_ms is not None else sweep.max_tpot_ms,
+               acceptance=acceptance, acceptance_source=acceptance_source)
+    write(sweep, rec, out)
+    if console is not None:
+        console.print(render.summary(sweep, rec))
+        console.print(f"tune: {out / 'tune.md'}, {out / 'speculative-config.json'}")
+    return rec
