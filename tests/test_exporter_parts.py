@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,3 +167,103 @@ def test_event_log_rotates_and_stays_bounded(tmp_path):
     assert current.stat().st_size + previous.stat().st_size <= 2000
     last = [json.loads(line)["i"] for line in current.read_text().splitlines()]
     assert last[-1] == 199
+
+
+# -- the direct relay (upstream.py + SseRelay): what the speed-up must not change ----------------------------------
+
+def _sse_stream(strip: bool) -> bytes:
+    """A vLLM-shaped stream: content chunks (one with escapes and non-ASCII), finish, usage with spec metrics."""
+    head = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+    parts = [head + b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}'
+             b'\n\n']
+    for text in (" a", " \\u00e9\\n", " \xc3\xa9t\xc3\xa9", " b"):
+        parts.append(head + b'[{"index":0,"delta":{"content":"' + text.encode("latin-1") +
+                     b'"},"logprobs":null,"finish_reason":null}]}\n\n')
+    parts.append(head + b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n')
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    spec = {"speculative_decoding": {"num_spec_tokens": 3, "num_draft_tokens": 6, "num_accepted_draft_tokens": 2,
+                                     "num_spec_steps": 2, "acceptance_histogram": [1, 0, 1, 0]}}
+    parts.append(head[:-len(b'"choices":')] + b'"choices":[],"usage":' + json.dumps(usage).encode() +
+                 b',"system_fingerprint":"fp-1","metrics":' + json.dumps(spec).encode() + b"}\n\n")
+    parts.append(b"data: [DONE]\n\n")
+    return b"".join(parts)
+
+
+def _chunked(body: bytes, sizes: list[int]) -> bytes:
+    out, pos = b"", 0
+    for size in sizes:
+        piece = body[pos:pos + size]
+        pos += size
+        if piece:
+            out += b"%x\r\n%b\r\n" % (len(piece), piece)
+    if pos < len(body):
+        out += b"%x\r\n%b\r\n" % (len(body) - pos, body[pos:])
+    return out + b"0\r\n\r\n"
+
+
+def _relay_through(wire: bytes, cuts: list[int], strip: bool) -> tuple[bytes, Any, list[bytes]]:
+    """Feed an upstream response, split at `cuts`, through Connection + SseRelay as the tap does."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from specwatch.exporter.accounting import RequestRecord
+    from specwatch.exporter.metrics import ExporterMetrics
+    from specwatch.exporter.tap import SseRelay, UpstreamRequest
+    from specwatch.exporter.upstream import Connection
+
+    loop = asyncio.new_event_loop()
+    try:
+        cfg = load({"upstream": ["baseline=http://127.0.0.1:1"]}, None)
+        metrics = ExporterMetrics(CollectorRegistry(), cfg)
+        record = RequestRecord("r", "baseline", "chat", "/v1/chat/completions", True, False, True)
+        relay = SseRelay(UpstreamRequest(b"", {}, True, strip), record, metrics)
+        conn = Connection(loop)
+        conn.transport = type("T", (), {"write": lambda self, b: None, "is_closing": lambda self: False,
+                                        "close": lambda self: None, "abort": lambda self: None})()
+        conn.send(b"")
+        sent: list[bytes] = []
+        conn.attach(lambda chunk: sent.append(relay.feed(chunk)))
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        data = head + wire
+        edges = [0, *sorted(set(cuts)), len(data)]
+        for a, b in zip(edges, edges[1:], strict=False):
+            if b > a:
+                conn.data_received(data[a:b])
+        assert conn.ended is not None and conn.ended.done() and conn.ended.exception() is None
+        assert conn.reusable
+        sent.append(relay.finish(200))
+        return b"".join(sent), record, sent
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_direct_relay_is_byte_identical_and_exact_however_the_bytes_arrive(strip):
+    """Upstream chunk boundaries anywhere (inside the size line, the CRLFs, an event, a UTF-8 sequence), reads
+    split anywhere: the client gets the upstream's bytes (usage chunk removed and fingerprint stamped when the
+    tap asked for usage), [DONE] only from finish(), and the record's text hash and usage are exact."""
+    stream = _sse_stream(strip)
+    from specwatch.exporter.tap import _stamp_fingerprint
+    if strip:  # what the client would have received from vLLM without include_usage
+        events = stream.split(b"\n\n")[:-1]
+        finish = _stamp_fingerprint(events[-3] + b"\n\n", "fp-1")
+        expected = b"".join(e + b"\n\n" for e in events[:-3]) + finish + b"data: [DONE]\n\n"
+    else:
+        expected = stream
+    text = " a" + " é\n" + " été" + " b"
+    rng = random.Random(18)
+    cases: list[tuple[list[int], list[int]]] = [([len(stream)], []), ([1] * len(stream), [])]
+    for _ in range(60):
+        sizes = [rng.randint(1, 300) for _ in range(8)]
+        wire = _chunked(stream, sizes)
+        cuts = [rng.randint(1, len(wire) + 80) for _ in range(rng.randint(0, 12))]
+        cases.append((sizes, cuts))
+    for sizes, cuts in cases:
+        got, record, sent = _relay_through(_chunked(stream, sizes), cuts, strip)
+        assert got == expected
+        assert b"[DONE]" in sent[-1] and not any(b"[DONE]" in s for s in sent[:-1])  # held for the accounting
+        assert record.output.hexdigest() == __import__("hashlib").sha256(text.encode()).hexdigest()
+        assert record.usage == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        assert record.spec is not None and record.spec["num_accepted_draft_tokens"] == 2
+        assert record.finish_reasons == ["length"] and record.outcome == "ok"

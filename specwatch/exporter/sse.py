@@ -65,6 +65,10 @@ class SseSplitter:
         self._buffer = rest
         return events
 
+    def empty(self) -> bool:
+        """Nothing is held back: the next event starts with the next byte fed."""
+        return not self._buffer
+
     def flush(self) -> list[Event]:
         if not self._buffer:
             return []

@@ -21,9 +21,11 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from specwatch.exporter.accounting import RequestRecord, account, utf8
@@ -33,6 +35,7 @@ from specwatch.exporter.eventlog import EventLog
 from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.routing import VARIANT_HEADER, Router
 from specwatch.exporter.sse import Event, SseSplitter, plain_text
+from specwatch.exporter.upstream import Connection, Head, Pool, request_bytes
 
 log = logging.getLogger("specwatch.exporter")
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -41,10 +44,47 @@ HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connecti
                         TASK_HEADER, VARIANT_HEADER})
 MAX_BUFFERED_BODY = 32 * 1024 * 1024
 MAX_MIRRORS_IN_FLIGHT = 64
+WRITE_HIGH_WATER = 256 * 1024  # bytes queued for a slow client before the upstream connection stops being read
 
 
 class _ClientGone(Exception):
     """The client closed the connection while the response was being relayed."""
+
+
+class _Wake:
+    """What the relay callback tells the waiting handler: wake up, the client is slow (paused) or gone."""
+
+    __slots__ = ("loop", "fut", "paused", "gone")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.fut: asyncio.Future[None] | None = None
+        self.paused = False
+        self.gone = False
+
+    def wake(self) -> None:
+        fut = self.fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def wait(self) -> None:
+        self.fut = self.loop.create_future()
+        try:
+            await self.fut
+        finally:
+            self.fut = None
+
+
+def _plain_http(url: str) -> tuple[str, int, str] | None:
+    """(host, port, path prefix) of an http:// upstream URL; None for anything the tap's own client does not speak."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.query or parts.fragment or parts.username:
+        return None
+    try:
+        port = parts.port or 80
+    except ValueError:
+        return None
+    return parts.hostname, port, parts.path.rstrip("/")
 
 
 def error_response(status: int, message: str, err_type: str) -> web.Response:
@@ -91,11 +131,136 @@ def _stamp_fingerprint(raw: bytes, fingerprint: str) -> bytes:
     return raw[:end] + b',"system_fingerprint":' + json.dumps(fingerprint).encode() + raw[end:]
 
 
+class SseRelay:
+    """The accounting of one event stream, read by read: `feed()` takes upstream bytes and returns what the
+    client gets now (b"" for nothing); from the read that carries `[DONE]` on, everything is held back and
+    `finish()` returns it, so that the caller can account the request before its last bytes leave."""
+
+    def __init__(self, plan: UpstreamRequest, record: RequestRecord, metrics: ExporterMetrics) -> None:
+        self.plan, self.record, self.metrics = plan, record, metrics
+        self.splitter = SseSplitter()
+        self.held: list[Event] = []  # terminal chunks waiting for the fingerprint of the stripped usage chunk
+        self.fingerprint: str | None = None
+        self.saw_done = False
+        self.forced = False  # usage on content chunks: the server forces usage, the client gets it anyway
+        self.last: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> bytes:
+        # The usual read: one whole single-line event, an ordinary content chunk. Where the splitter holds
+        # nothing, it would cut this very event with this very payload (see `sse._data`); anything else
+        # goes the general way below.
+        if (not self.saw_done and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2
+                and chunk.endswith(b"\n\n") and self.splitter.empty()):
+            text = plain_text(chunk[6:-2])
+            if text is not None:
+                if text:
+                    self.record.saw_tokens(text, time.perf_counter(), self.metrics)
+                return chunk
+        events = self.splitter.feed(chunk)
+        if not events:
+            return b""
+        now = time.perf_counter()  # one clock per read: its events arrived together
+        out: list[bytes] = []
+        for event in events:
+            self._handle(event, now, out)
+        if self.saw_done:
+            self.last.extend(out)
+            return b""
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def finish(self, status: int) -> bytes:
+        """The held-back bytes (the stream has ended); a stream without `[DONE]` is a bad_response."""
+        last = self.last
+        for event in self.splitter.flush():
+            self._handle(event, time.perf_counter(), last)
+        last.extend(h.raw for h in self.held)  # a stream that ended without [DONE]
+        self.held.clear()
+        record = self.record
+        if not self.saw_done and record.outcome == "ok" and status == 200:
+            record.outcome = "bad_response"
+        self.last = []
+        return b"".join(last)
+
+    def _handle(self, event: Event, now: float, out: list[bytes]) -> None:
+        data = event.data
+        record, plan = self.record, self.plan
+        if data is not None:
+            text = plain_text(data)  # the per-chunk fast path: an ordinary content delta
+            if text is not None:
+                if text:
+                    record.saw_tokens(text, now, self.metrics)
+                out.append(event.raw)
+                return
+        obj = event.json()
+        if isinstance(obj, dict):
+            choices = obj.get("choices")
+            if choices == [] and "usage" in obj:
+                record.saw_final(obj)
+                if plan.strip_usage and not self.forced:
+                    self.fingerprint = obj.get("system_fingerprint")
+                    return
+            elif isinstance(choices, list):
+                self.forced = self.forced or "usage" in obj
+                terminal = False
+                for choice in choices:
+                    if not isinstance(choice, dict):
+                        continue
+                    delta = choice.get("delta")
+                    value = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                    if isinstance(value, str) and value:
+                        record.saw_tokens(utf8(value), now, self.metrics)
+                    if choice.get("finish_reason"):
+                        record.finish_reasons.append(str(choice["finish_reason"]))
+                        terminal = True
+                if terminal and plan.strip_usage and not self.forced and "system_fingerprint" not in obj:
+                    self.held.append(event)
+                    return
+        elif data == b"[DONE]":
+            self.saw_done = True
+            fingerprint = self.fingerprint
+            out.extend(_stamp_fingerprint(h.raw, fingerprint) if fingerprint else h.raw for h in self.held)
+            self.held.clear()
+        elif data is not None:
+            record.outcome = "bad_response"  # not JSON: relayed as is, counted
+        out.append(event.raw)
+
+
+class BodyRelay:
+    """A plain body, read by read, with the same shape as `SseRelay`: every read but the last goes out at once;
+    `finish()` parses what was buffered (a generation path's 200) and returns the last read, unsent."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.body = bytearray()
+        self.last = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        out, self.last = self.last, chunk
+        if len(self.body) < MAX_BUFFERED_BODY:
+            self.body += chunk
+        return out
+
+    def finish(self, status: int) -> bytes:
+        record = self.record
+        if record.path in GENERATION_PATHS and status == 200:
+            try:
+                parsed = json.loads(bytes(self.body))
+                if not isinstance(parsed, dict):
+                    raise ValueError("not an object")
+                record.saw_body(parsed)
+            except (ValueError, UnicodeDecodeError):
+                record.outcome = "bad_response"
+        last, self.last = self.last, b""
+        return last
+
+
 class Tap:
     def __init__(self, cfg: ExporterConfig, metrics: ExporterMetrics, router: Router,
                  event_log: EventLog | None = None) -> None:
         self.cfg, self.metrics, self.router, self.event_log = cfg, metrics, router, event_log
         self.session: aiohttp.ClientSession | None = None
+        self.pool = Pool(connect_timeout=5)
+        self._direct = {name: _plain_http(url) for name, url in cfg.upstreams.items()}
         self._mirrors = asyncio.Semaphore(MAX_MIRRORS_IN_FLIGHT)
         self._background: set[asyncio.Task[None]] = set()
         # request ids for requests without X-Request-Id: a random prefix per process and a counter (16 hex
@@ -115,6 +280,7 @@ class Tap:
             task.cancel()
         if self.session is not None:
             await self.session.close()
+        self.pool.close()
 
     # -- the handler ---------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -175,6 +341,9 @@ class Tap:
                         client: web.Request | None) -> web.StreamResponse:
         """Send the request to the record's variant; relay to `client` (None: a mirror, discard)."""
         assert self.session is not None
+        direct = self._direct.get(record.variant)
+        if plan.stream and request.method == "POST" and direct is not None:
+            return await self._exchange_stream(request, plan, record, client, direct)
         url = self.cfg.upstreams[record.variant] + request.path_qs
         try:
             async with self.session.request(request.method, url, data=plan.body,
@@ -191,6 +360,127 @@ class Tap:
         except asyncio.CancelledError:
             record.outcome = "client_abort"
             raise
+
+    async def _exchange_stream(self, request: web.Request, plan: UpstreamRequest, record: RequestRecord,
+                               client: web.Request | None, direct: tuple[str, int, str]) -> web.StreamResponse:
+        """A streamed request over the tap's own upstream client (`upstream.py`): same outcomes as `_exchange`."""
+        host, port, prefix = direct
+        payload = request_bytes(request.method, prefix + request.path_qs, host, port,
+                                _forward_headers(request.headers), plan.body)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.upstream_timeout_seconds
+        conn: Connection | None = None
+        done = False
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    for attempt in (1, 2):
+                        conn, reused = await self.pool.acquire(host, port)
+                        conn.send(payload)
+                        assert conn.head is not None
+                        try:
+                            head = await conn.head
+                            break
+                        except ConnectionError:
+                            # a kept-alive connection the upstream closed meanwhile: once more on a fresh one
+                            if attempt == 2 or not reused or conn.received:
+                                raise
+            except (TimeoutError, OSError) as exc:
+                record.outcome = "upstream_error"
+                return error_response(502, f"upstream {record.variant} failed: {type(exc).__name__}", "BadGateway")
+            assert conn is not None
+            record.status = head.status
+            if head.status >= 500:
+                record.outcome = "upstream_error"
+            elif head.status >= 400:
+                record.outcome = "rejected"
+            response, done = await self._relay_direct(conn, head, plan, record, client, deadline)
+            return response
+        except asyncio.CancelledError:
+            record.outcome = "client_abort"
+            raise
+        finally:
+            if conn is not None:
+                if done:
+                    self.pool.release(host, port, conn)
+                else:
+                    conn.abort()  # the upstream sees the request cancelled (vLLM counts an abort)
+
+    async def _relay_direct(self, conn: Connection, head: Head, plan: UpstreamRequest, record: RequestRecord,
+                            client: web.Request | None, deadline: float) -> tuple[web.StreamResponse, bool]:
+        """Relay from `conn` inside its `data_received`: each read is accounted and written to the client's
+        transport at once. This coroutine only waits: for the end, a slow client (drain, then read on) or a
+        gone one. Returns the response and whether the upstream response ended cleanly."""
+        headers = CIMultiDict((k, v) for k, v in head.headers.items() if k.lower() not in HOP_BY_HOP)
+        response = web.StreamResponse(status=head.status, reason=head.reason or None, headers=headers)
+        writer = await response.prepare(client) if client is not None else None
+        transport = client.transport if client is not None else None
+        chunked = writer is not None and getattr(writer, "chunked", False)
+        sse = head.headers.get("Content-Type", "").startswith("text/event-stream")
+        relay: SseRelay | BodyRelay = SseRelay(plan, record, self.metrics) if sse else BodyRelay(record)
+        loop = asyncio.get_running_loop()
+        state = _Wake(loop)
+        headers_sent = False
+
+        def deliver(data: bytes) -> None:
+            nonlocal headers_sent
+            if transport is None:
+                return  # a mirror: discarded
+            if transport.is_closing():
+                state.gone = True
+                conn.pause()
+                state.wake()
+                return
+            if not headers_sent:
+                headers_sent = True
+                if isinstance(writer, StreamWriter):
+                    writer.send_headers()  # aiohttp holds them back until the first body write
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
+            if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                state.paused = True
+                conn.pause()
+                state.wake()
+
+        def sink(chunk: bytes) -> None:
+            if state.gone:
+                return
+            out = relay.feed(chunk)
+            if out:
+                deliver(out)
+
+        ended = conn.ended
+        assert ended is not None
+        ended.add_done_callback(lambda _: state.wake())
+        try:
+            async with asyncio.timeout_at(deadline):
+                conn.attach(sink)
+                while True:
+                    if state.gone:
+                        raise _ClientGone()
+                    if state.paused:
+                        state.paused = False
+                        if writer is not None:
+                            await writer.drain()
+                        conn.resume()
+                        continue
+                    if ended.done():
+                        break
+                    await state.wait()
+                ended.result()  # raises where the upstream broke off
+            last = relay.finish(head.status)
+            self._finish(record)  # before the last bytes: a client that has its answer sees it counted
+            if last:
+                deliver(last)
+            if state.gone:
+                raise _ClientGone()
+            if writer is not None:
+                await response.write_eof()
+            return response, True
+        except _ClientGone:
+            record.outcome = "client_abort"
+        except (TimeoutError, OSError):
+            record.outcome = "upstream_error"  # the upstream broke off mid-response; the client sees the cut
+        return response, False
 
     async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
                      client: web.Request | None) -> web.StreamResponse:
@@ -226,94 +516,24 @@ class Tap:
 
     async def _relay_body(self, upstream: aiohttp.ClientResponse, record: RequestRecord, send: Any) -> bytes:
         """Relay a plain body; its last read is returned unsent (the caller accounts, then sends it)."""
-        body = bytearray()
-        last = b""
+        relay = BodyRelay(record)
         async for chunk in upstream.content.iter_any():
-            if last:
-                await send(last)
-            last = chunk
-            if len(body) < MAX_BUFFERED_BODY:
-                body += chunk
-        if record.path in GENERATION_PATHS and upstream.status == 200:
-            try:
-                parsed = json.loads(bytes(body))
-                if not isinstance(parsed, dict):
-                    raise ValueError("not an object")
-                record.saw_body(parsed)
-            except (ValueError, UnicodeDecodeError):
-                record.outcome = "bad_response"
-        return last
+            out = relay.feed(chunk)
+            if out:
+                await send(out)
+        return relay.finish(upstream.status)
 
     async def _relay_sse(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
                          send: Any) -> bytes:
         """Relay event by event; the events of one upstream read go out in one write, unchanged ones as is.
         From the read that carries `[DONE]` on, the bytes are returned unsent: the caller accounts first."""
-        splitter = SseSplitter()
-        held: list[Event] = []  # terminal chunks waiting for the fingerprint of the stripped usage chunk
-        fingerprint: str | None = None
-        saw_done = False
-        forced = False  # usage on content chunks: the server forces usage, the client gets it anyway
-        metrics = self.metrics
-
-        def handle(event: Event, now: float, out: list[bytes]) -> None:
-            nonlocal fingerprint, saw_done, forced
-            data = event.data
-            if data is not None:
-                text = plain_text(data)  # the per-chunk fast path: an ordinary content delta
-                if text is not None:
-                    if text:
-                        record.saw_tokens(text, now, metrics)
-                    out.append(event.raw)
-                    return
-            obj = event.json()
-            if isinstance(obj, dict):
-                choices = obj.get("choices")
-                if choices == [] and "usage" in obj:
-                    record.saw_final(obj)
-                    if plan.strip_usage and not forced:
-                        fingerprint = obj.get("system_fingerprint")
-                        return
-                elif isinstance(choices, list):
-                    forced = forced or "usage" in obj
-                    terminal = False
-                    for choice in choices:
-                        if not isinstance(choice, dict):
-                            continue
-                        delta = choice.get("delta")
-                        value = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                        if isinstance(value, str) and value:
-                            record.saw_tokens(utf8(value), now, metrics)
-                        if choice.get("finish_reason"):
-                            record.finish_reasons.append(str(choice["finish_reason"]))
-                            terminal = True
-                    if terminal and plan.strip_usage and not forced and "system_fingerprint" not in obj:
-                        held.append(event)
-                        return
-            elif data == b"[DONE]":
-                saw_done = True
-                out.extend(_stamp_fingerprint(h.raw, fingerprint) if fingerprint else h.raw for h in held)
-                held.clear()
-            elif data is not None:
-                record.outcome = "bad_response"  # not JSON: relayed as is, counted
-            out.append(event.raw)
-
-        last: list[bytes] = []
+        relay = SseRelay(plan, record, self.metrics)
         content = upstream.content
         while chunk := await content.readany():  # as iter_any(), one coroutine layer less per chunk
-            out: list[bytes] = []
-            now = time.perf_counter()  # one clock per read: its events arrived together
-            for event in splitter.feed(chunk):
-                handle(event, now, out)
-            if saw_done:
-                last.extend(out)
-            elif out:
-                await send(out[0] if len(out) == 1 else b"".join(out))
-        for event in splitter.flush():
-            handle(event, time.perf_counter(), last)
-        last.extend(h.raw for h in held)  # a stream that ended without [DONE]
-        if not saw_done and record.outcome == "ok" and upstream.status == 200:
-            record.outcome = "bad_response"
-        return b"".join(last)
+            out = relay.feed(chunk)
+            if out:
+                await send(out)
+        return relay.finish(upstream.status)
 
     # -- mirror ---------------------------------------------------------------------------
     def _start_mirror(self, request: web.Request, plan: UpstreamRequest, task: str, primary: RequestRecord) -> None:

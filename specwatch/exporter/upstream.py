@@ -1,0 +1,326 @@
+"""The tap's HTTP/1.1 client for streamed requests: keep-alive connections per upstream, each body read
+handed to a callback as it arrives (no StreamReader, no task wake-up per chunk).
+
+aiohttp's client costs tens of microseconds of Python per relayed chunk (protocol, parser callbacks,
+StreamReader, a task resumed per read); this one decodes the response framing in `data_received` and
+calls the tap's relay there, which writes to the client's transport at once. It speaks only what the
+tap needs from a vLLM server: one request per connection at a time, `Content-Length` request bodies,
+responses framed by `Transfer-Encoding: chunked`, `Content-Length` or the connection's end. Errors are
+`OSError`s (`ConnectionError` when the upstream breaks off, `TimeoutError` from the caller's deadline),
+the same family the tap already maps to a 502 or `upstream_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from multidict import CIMultiDict
+
+MAX_HEAD_BYTES = 64 * 1024
+IDLE_SECONDS = 15.0  # an idle connection older than this is closed, not reused (aiohttp's keep-alive default)
+NO_BODY_STATUS = frozenset({204, 304})
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class Head:
+    """Status, reason and headers of an upstream response."""
+
+    __slots__ = ("status", "reason", "headers")
+
+    def __init__(self, status: int, reason: str, headers: CIMultiDict[str]) -> None:
+        self.status, self.reason, self.headers = status, reason, headers
+
+
+class Connection(asyncio.Protocol):
+    """One upstream connection. `send()` a request, await `head`, then `attach()` a body callback;
+    `ended` resolves when the response is complete (None) or broke off (an exception)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.idle_since = 0.0
+        self.head: asyncio.Future[Head] | None = None
+        self.ended: asyncio.Future[None] | None = None
+        self.received = False  # any byte of the current response arrived
+        self._state = _DONE
+        self._buf = b""
+        self._left = 0
+        self._keep_alive = False
+        self._no_body = False
+        self._sink: Callable[[bytes], None] | None = None
+        self._pending: list[bytes] = []
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self._state == _UNTIL_CLOSE:
+            self._finish()
+        elif self._state != _DONE:
+            self._fail(ConnectionResetError(f"upstream closed the connection mid-response ({exc or 'EOF'})"))
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        state = self._state
+        if state == _HEAD:
+            data = self._head(data)
+            state = self._state
+            if not data or state == _DONE:
+                return
+        if state == _CHUNK_SIZE and not self._buf:  # the usual read: exactly one whole chunk
+            eol = data.find(b"\r\n")
+            if 0 < eol < 16:
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = 0
+                if size > 0 and len(data) == eol + size + 4 and data.endswith(b"\r\n"):
+                    self._body(data[eol + 2:-2])
+                    return
+            self._chunked(data)
+        elif _CHUNK_SIZE <= state <= _TRAILER:
+            self._chunked(data)
+        elif state == _LENGTH:
+            take = data[:self._left]
+            self._left -= len(take)
+            self._body(take)
+            if self._left == 0:
+                self._finish()
+        elif state == _UNTIL_CLOSE:
+            self._body(data)
+        else:  # bytes nobody asked for: the connection cannot be trusted again
+            self._keep_alive = False
+            if self.transport is not None:
+                self.transport.close()
+
+    # -- the request ---------------------------------------------------------------------------
+    def send(self, payload: bytes, head_request: bool = False) -> None:
+        assert self.transport is not None
+        self.head = self.loop.create_future()
+        self.ended = self.loop.create_future()
+        self.received = False
+        self._state, self._buf, self._sink, self._pending = _HEAD, b"", None, []
+        self._no_body = head_request
+        self.transport.write(payload)
+
+    def attach(self, sink: Callable[[bytes], None]) -> None:
+        """From now on every body read goes to `sink` at once; what arrived before goes first."""
+        pending, self._pending = self._pending, []
+        self._sink = sink
+        for piece in pending:
+            sink(piece)
+
+    def pause(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.lost:
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        self._keep_alive = False
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def reusable(self) -> bool:
+        return (self._keep_alive and self._state == _DONE and not self.lost and self.transport is not None
+                and not self.transport.is_closing())
+
+    # -- framing -------------------------------------------------------------------------------
+    def _head(self, data: bytes) -> bytes:
+        buf = self._buf + data if self._buf else data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_HEAD_BYTES:
+                self._fail(ConnectionAbortedError("upstream response head too large"))
+                self.abort()
+            else:
+                self._buf = buf
+            return b""
+        self._buf = b""
+        lines = buf[:end].decode("latin-1").split("\r\n")
+        rest = buf[end + 4:]
+        version, _, tail = lines[0].partition(" ")
+        code, _, reason = tail.partition(" ")
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            self._fail(ConnectionAbortedError(f"not an HTTP/1.x response: {lines[0][:80]!r}"))
+            self.abort()
+            return b""
+        status = int(code)
+        headers: CIMultiDict[str] = CIMultiDict()
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers.add(name.strip(), value.strip())
+        if 100 <= status < 200:  # an interim answer: the real head follows
+            return self._head(rest) if rest else b""
+        connection = headers.get("Connection", "").lower()
+        self._keep_alive = version == "HTTP/1.1" and "close" not in connection
+        if self._no_body or status in NO_BODY_STATUS:
+            self._state = _DONE
+        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+            self._state = _CHUNK_SIZE
+        elif "Content-Length" in headers:
+            try:
+                self._left = int(headers["Content-Length"])
+            except ValueError:
+                self._left = -1
+            if self._left < 0:
+                self._fail(ConnectionAbortedError("bad Content-Length from upstream"))
+                self.abort()
+                return b""
+            self._state = _LENGTH if self._left else _DONE
+        else:
+            self._state = _UNTIL_CLOSE
+            self._keep_alive = False
+        assert self.head is not None
+        if not self.head.done():
+            self.head.set_result(Head(status, reason, headers))
+        if self._state == _DONE:
+            self._finish()
+        return rest
+
+    def _chunked(self, data: bytes) -> None:
+        buf = self._buf + data if self._buf else data
+        self._buf = b""
+        out: list[bytes] = []
+        pos, n = 0, len(buf)
+        while pos < n:
+            state = self._state
+            if state == _CHUNK_DATA:
+                take = min(self._left, n - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                self._left -= take
+                if self._left == 0:
+                    self._state = _CHUNK_CRLF
+            elif state == _CHUNK_SIZE:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    if n - pos > 1024:
+                        return self._bad_framing()
+                    self._buf = buf[pos:]
+                    break
+                try:
+                    size = int(buf[pos:eol].split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    return self._bad_framing()
+                pos = eol + 2
+                if size == 0:
+                    self._state = _TRAILER
+                else:
+                    self._left, self._state = size, _CHUNK_DATA
+            elif state == _CHUNK_CRLF:
+                if n - pos < 2:
+                    self._buf = buf[pos:]
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    return self._bad_framing()
+                pos += 2
+                self._state = _CHUNK_SIZE
+            elif state == _TRAILER:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    self._buf = buf[pos:]
+                    break
+                if eol == pos:  # the blank line: the body is complete
+                    pos += 2
+                    self._state = _DONE
+                    break
+                pos = eol + 2
+            else:
+                break
+        if out:
+            self._body(out[0] if len(out) == 1 else b"".join(out))
+        if self._state == _DONE:
+            if pos < n:
+                self._keep_alive = False  # bytes past the response: do not reuse
+            self._finish()
+
+    def _bad_framing(self) -> None:
+        self._fail(ConnectionAbortedError("bad chunked framing from upstream"))
+        self.abort()
+
+    def _body(self, piece: bytes) -> None:
+        if not piece:
+            return
+        sink = self._sink
+        if sink is not None:
+            sink(piece)
+        else:
+            self._pending.append(piece)
+
+    def _finish(self) -> None:
+        self._state = _DONE
+        self.idle_since = time.monotonic()
+        if self.ended is not None and not self.ended.done():
+            self.ended.set_result(None)
+
+    def _fail(self, exc: Exception) -> None:
+        self._state = _DONE
+        self._keep_alive = False
+        for fut in (self.head, self.ended):
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+        if self.ended is not None:
+            self.ended.exception()  # retrieved: nobody may be waiting on it any more
+
+
+class Pool:
+    """Idle keep-alive connections per (host, port); a connection serves one request at a time."""
+
+    def __init__(self, connect_timeout: float = 5.0) -> None:
+        self.connect_timeout = connect_timeout
+        self._idle: dict[tuple[str, int], list[Connection]] = {}
+        self._closed = False
+
+    async def acquire(self, host: str, port: int) -> tuple[Connection, bool]:
+        """A connection and whether it was reused (a reused one may have been closed by the server meanwhile)."""
+        idle = self._idle.get((host, port))
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if conn.reusable and now - conn.idle_since < IDLE_SECONDS:
+                return conn, True
+            conn.abort()
+        loop = asyncio.get_running_loop()
+        _, conn = await asyncio.wait_for(loop.create_connection(lambda: Connection(loop), host, port),
+                                         self.connect_timeout)
+        return conn, False
+
+    def release(self, host: str, port: int, conn: Connection) -> None:
+        if conn.reusable and not self._closed:
+            self._idle.setdefault((host, port), []).append(conn)
+        else:
+            conn.abort()
+
+    def close(self) -> None:
+        self._closed = True
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.abort()
+        self._idle.clear()
+
+
+def request_bytes(method: str, path_qs: str, host: str, port: int, headers: Any, body: bytes) -> bytes:
+    """The request head and body; `headers` are the client's minus hop-by-hop ones (no Host, no length)."""
+    lines = [f"{method} {path_qs} HTTP/1.1", f"Host: {host}:{port}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape") + body
