@@ -267,3 +267,39 @@ def test_direct_relay_is_byte_identical_and_exact_however_the_bytes_arrive(strip
         assert record.usage == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
         assert record.spec is not None and record.spec["num_accepted_draft_tokens"] == 2
         assert record.finish_reasons == ["length"] and record.outcome == "ok"
+
+
+def test_batched_gaps_end_as_if_each_gap_had_been_observed_and_show_within_a_second():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from specwatch.exporter.accounting import ITL_FLUSH_SECONDS, Gaps
+    from specwatch.exporter.metrics import LATENCY_BUCKETS
+
+    def child() -> tuple[CollectorRegistry, Any]:
+        registry = CollectorRegistry()
+        family = Histogram("itl_seconds", "ITL", ["variant"], buckets=LATENCY_BUCKETS, registry=registry)
+        return registry, family.labels("v")
+
+    def samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("le", "")): s.value for m in registry.collect() for s in m.samples
+                if not s.name.endswith("_created")}
+
+    rng = random.Random(7)
+    gaps = [rng.choice(LATENCY_BUCKETS) for _ in range(40)]  # exactly on a bound: counted in that bucket (le)
+    gaps += [rng.uniform(0, 0.05) for _ in range(400)] + [0.0, 200.0, 1e-9]
+    observed_registry, observed = child()
+    batched_registry, batched = child()
+    now = 1000.0
+    batch = Gaps(batched, now)
+    for gap in gaps:
+        observed.observe(gap)
+        batch.add(gap, now)  # the clock does not move: nothing is flushed yet
+    assert samples(batched_registry)[("itl_seconds_count", "")] == 0
+    batch.add(0.01, now + ITL_FLUSH_SECONDS)  # a second later: everything so far shows
+    observed.observe(0.01)
+    assert samples(batched_registry) == pytest.approx(samples(observed_registry))
+    batch.add(0.003, now + ITL_FLUSH_SECONDS + 0.1)
+    observed.observe(0.003)
+    assert samples(batched_registry) != samples(observed_registry)
+    batch.flush(now + 2)  # what account() does at the end of the request
+    assert samples(batched_registry) == pytest.approx(samples(observed_registry))

@@ -1,8 +1,9 @@
 """Per-request accounting for the tap: what one response said about speculation and latency.
 
 A `RequestRecord` collects, while the response passes through, the time of the first and the
-last token-carrying chunk (observing each inter-chunk gap as ITL on the way), the usage,
-`metrics.speculative_decoding`, the finish reasons and a hash of the output text.
+last token-carrying chunk (counting each inter-chunk gap as ITL on the way: `Gaps`, into the histogram at least
+once a second), the usage, `metrics.speculative_decoding`, the finish reasons and a hash of
+the output text.
 `account()` turns a finished record into counter increments and histogram observations,
 parsing the spec-decode field with `specwatch.acceptance.parse`; `RequestRecord.event()` is
 its event-log line, which the tap writes. Decode steps are derived as completion tokens - 1 - C
@@ -16,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
 from specwatch.acceptance import ACCEPTED, DRAFTED, HISTOGRAM, STEPS, AcceptanceFieldError, parse, spec_field, survival
 from specwatch.exporter.metrics import ExporterMetrics
+
+ITL_FLUSH_SECONDS = 1.0
 
 
 @dataclass
@@ -44,7 +48,7 @@ class RequestRecord:
     end: float | None = None
     accounted: bool = False
     ended: asyncio.Future[None] | None = None  # resolved when accounted; only where a mirror waits for it
-    _itl: Any = None  # the ITL histogram child, looked up once per request (hot path)
+    gaps: Gaps | None = None  # the stream's inter-token gaps not yet in the ITL histogram (hot path)
 
     def saw_tokens(self, text: bytes, now: float, metrics: ExporterMetrics) -> None:
         """A streamed chunk carried text (UTF-8, as `utf8()` encodes it): record TTFT / ITL and hash the text."""
@@ -52,9 +56,10 @@ class RequestRecord:
         if self.first_token is None:
             self.first_token = now
         else:
-            if self._itl is None:
-                self._itl = metrics.of(self.variant, self.task).itl
-            self._itl.observe(now - (self.last_token or now))
+            gaps = self.gaps
+            if gaps is None:
+                gaps = self.gaps = Gaps(metrics.of(self.variant, self.task).itl, now)
+            gaps.add(now - (self.last_token or now), now)
         self.last_token = now
 
     def saw_final(self, obj: dict[str, Any]) -> None:
@@ -100,6 +105,42 @@ class RequestRecord:
         return (self.last_token - self.first_token) / (tokens - 1)
 
 
+class Gaps:
+    """One stream's inter-token gaps, counted per bucket here and added to the ITL histogram child in one
+    go at least every `ITL_FLUSH_SECONDS` and when the request is accounted: per chunk a bisect and a list
+    increment instead of `Histogram.observe` (a walk over 32 bounds and two locked increments). The
+    histogram ends exactly as if each gap had been observed (`le` buckets: a gap equal to a bound counts in
+    it); it reads up to a second behind while a stream runs. Uses the child's `_upper_bounds`, `_buckets`
+    and `_sum` (prometheus_client 0.26, pinned; `tests/test_exporter_parts.py` checks the equivalence)."""
+
+    __slots__ = ("child", "bounds", "counts", "total", "flush_at")
+
+    def __init__(self, child: Any, now: float) -> None:
+        self.child = child
+        self.bounds: list[float] = list(child._upper_bounds)
+        self.counts = [0] * len(self.bounds)
+        self.total = 0.0
+        self.flush_at = now + ITL_FLUSH_SECONDS
+
+    def add(self, gap: float, now: float) -> None:
+        self.counts[bisect_left(self.bounds, gap)] += 1
+        self.total += gap
+        if now >= self.flush_at:
+            self.flush(now)
+
+    def flush(self, now: float) -> None:
+        buckets = self.child._buckets
+        counts = self.counts
+        for i, n in enumerate(counts):
+            if n:
+                buckets[i].inc(n)
+                counts[i] = 0
+        if self.total:
+            self.child._sum.inc(self.total)
+            self.total = 0.0
+        self.flush_at = now + ITL_FLUSH_SECONDS
+
+
 def utf8(text: str) -> bytes:
     """Text as the output hash sees it; a lone surrogate (a JSON `\\ud800` escape) is kept, not an error."""
     return text.encode("utf-8", "surrogatepass")
@@ -110,6 +151,8 @@ def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
     v, t = record.variant, record.task
     ch = metrics.of(v, t)
     record.end = record.end or time.perf_counter()
+    if record.gaps is not None:
+        record.gaps.flush(record.end)
     c = r = 0
     if record.outcome == "ok" and record.spec is not None:
         try:

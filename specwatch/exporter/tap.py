@@ -469,12 +469,13 @@ class Tap:
                 ended.result()  # raises where the upstream broke off
             last = relay.finish(head.status)
             self._finish(record)  # before the last bytes: a client that has its answer sees it counted
-            if last:
-                deliver(last)
-            if state.gone:
+            if state.gone or (transport is not None and transport.is_closing()):
                 raise _ClientGone()
-            if writer is not None:
-                await response.write_eof()
+            if writer is not None:  # the last bytes and the end of the body in one write (one syscall)
+                try:
+                    await response.write_eof(last)
+                except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                    raise _ClientGone() from None
             return response, True
         except _ClientGone:
             record.outcome = "client_abort"
