@@ -431,11 +431,14 @@ class Tap:
                 conn.pause()
                 state.wake()
                 return
-            if not headers_sent:
+            if headers_sent:
+                transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
+            else:  # aiohttp holds the headers back until the first body write: they leave with it, one write
                 headers_sent = True
-                if isinstance(writer, StreamWriter):
-                    writer.send_headers()  # aiohttp holds them back until the first body write
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
+                if isinstance(writer, StreamWriter) and writer._headers_buf:
+                    writer._send_headers_with_payload(data, False)
+                else:
+                    transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
             if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 state.paused = True
                 conn.pause()
