@@ -4,6 +4,9 @@ Non-streaming chat answers 200 with invalid JSON; streaming chat answers an SSE 
 second event is not JSON and which never sends [DONE]; /health is fine; POST /v1/echo-headers
 answers the request headers it received. POST /v1/completions answers well-formed (a stream with usage
 and [DONE], or a JSON body) and then holds the connection open a second before it ends the response.
+A streaming chat request with `"flood": N` answers N bytes of ordinary content events as fast as the
+reader takes them (then the usage chunk and [DONE]); GET /v1/flood-progress says how many bytes it has
+handed to its transport so far, and whether the reader left.
 """
 
 import asyncio
@@ -19,8 +22,41 @@ async def health(request: web.Request) -> web.Response:
     return web.Response()
 
 
+FLOOD = {"written": 0, "reader_left": False}
+FLOOD_TEXT = "x" * 16384
+
+
+async def flood(request: web.Request, total: int) -> web.StreamResponse:
+    """Ordinary content events (16 KiB of text each) until `total` bytes are written, waiting on the transport
+    between writes (aiohttp's write drains): how far it gets shows how much the reader, here the tap, buffers."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+    await resp.prepare(request)
+    event = b"data: " + json.dumps({"id": "f", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                    "choices": [{"index": 0, "delta": {"content": FLOOD_TEXT},
+                                                 "logprobs": None, "finish_reason": None}]},
+                                   separators=(",", ":")).encode() + b"\n\n"
+    FLOOD["written"], FLOOD["reader_left"] = 0, False
+    try:
+        while FLOOD["written"] < total:
+            await resp.write(event)
+            FLOOD["written"] += len(event)
+        await resp.write(b'data: {"id":"f","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+                         b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\ndata: [DONE]\n\n')
+        await resp.write_eof()
+    except (ConnectionError, asyncio.CancelledError):
+        FLOOD["reader_left"] = True
+        raise
+    return resp
+
+
+async def flood_progress(request: web.Request) -> web.Response:
+    return web.json_response(FLOOD)
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await request.json()
+    if body.get("stream") and isinstance(body.get("flood"), int):
+        return await flood(request, body["flood"])
     if not body.get("stream"):
         return web.Response(body=b'{"id": "x", "choices": [', content_type="application/json")
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -60,6 +96,7 @@ async def echo_headers(request: web.Request) -> web.Response:
 if __name__ == "__main__":
     app = web.Application()
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/flood-progress", flood_progress)
     app.router.add_post("/v1/echo-headers", echo_headers)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", late_end)

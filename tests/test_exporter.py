@@ -264,6 +264,48 @@ def test_client_disconnect_mid_stream_cancels_upstream(tap, upstream):
     assert value(upstream.url, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1
 
 
+def test_a_client_that_stops_reading_stops_the_upstream_read_and_the_tap_buffers_a_bounded_amount(service_factory):
+    """Backpressure through the relay: the tap stops reading the upstream while the client does not read,
+    so what it holds is bounded by its write high-water mark and the sockets' buffers, not the answer's size."""
+    flood = 400 * 1024 * 1024
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                       "flood": flood}).encode()
+    with broken_upstream() as url:
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
+
+        def progress() -> dict:
+            return requests.get(url + "/v1/flood-progress", timeout=5).json()
+
+        host, port = tap.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            received = b""
+            while b"data:" not in received:
+                received += s.recv(65536)
+            # the client reads no more: the upstream stalls once the buffers on the way are full
+            stalled, last, deadline = 0, -1, time.monotonic() + 60
+            while stalled < 3 and time.monotonic() < deadline:
+                time.sleep(1.0)
+                written = progress()["written"]
+                stalled, last = (stalled + 1, written) if written == last else (0, written)
+            assert stalled == 3, f"the upstream never stalled: {written} bytes written"
+            assert 0 < written < 64 * 1024 * 1024, written  # a few MB of socket buffers, not the 400 MB answer
+            # the client reads again: the stream resumes and ends, every byte relayed
+            total = len(received)
+            while True:
+                chunk = s.recv(1 << 20)
+                total += len(chunk)
+                if not chunk or chunk.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+                    break
+        assert progress()["written"] >= flood and total > flood
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and value(tap.url, "specwatch_requests_total", outcome="ok") < 1:
+        time.sleep(0.1)
+    assert value(tap.url, "specwatch_requests_total", outcome="ok") == 1
+
+
 def test_split_is_sticky_and_a_variant_can_be_pinned(service_factory, upstream, sim_factory):
     candidate = sim_factory(NGRAM_SIM_ARGS)
     tap = service_factory("exporter", ["--upstream", f"baseline={upstream.url}", "--upstream",
