@@ -21,7 +21,7 @@
 #                      [--quiet-below 0.3] [--quiet-wait-s 30]
 #                      [--specwatch-workers N] [--stagger-ms MS --stagger-concurrency 64,256
 #                       --stagger-requests 64:512,256:1024 --stagger-max-seconds 120]
-#                      [--stub-processes N] [--client-processes P]
+#                      [--stub-processes N] [--client-processes P] [--skip nginx,router,specwatch,specwatch-ref]
 # --specwatch-workers N: also measure `specwatch exporter --workers N` (this checkout's build) as
 #   `specwatch-wN`, its process tree pinned to the cpu plan's `specwatchw` set (default 8-11).
 # --stagger-ms MS: after the lock-step pass, a second pass of the same paths with a desynchronised
@@ -31,6 +31,8 @@
 # --client-processes P: the client's connections split over P processes (proxy_bench.py
 #   --client-processes P). Both default to 1 (as before). For C = 1024: --stub-processes 4
 #   --client-processes 4, so neither saturates (1024 streams are ~100k SSE chunks/s to write and parse).
+# --skip LIST: leave these paths out (started neither nor measured), e.g. --skip specwatch,specwatch-ref
+#   to measure only direct, direct-aa, nginx and specwatch-wN (with --specwatch-workers N).
 # --probe: start everything, send one streamed request through each path, print the machine's
 # topology, versions and affinities, run a tiny bench (C=1 and C=256, one round), and stop.
 # Without --cpus the cores are chosen from the topology: one logical CPU per physical core, in
@@ -41,7 +43,8 @@
 # max(2, P) cores, then nginx 1, specwatch 1, then what still fits before the sampler's last core, in
 # this order and only where used: specwatchw 4 (--specwatch-workers), specwatchref 1 (.devperf/src-ref),
 # router 1 (installed); on 16 cores with 4 and 4: stub 0-3 / client 4-7 / nginx 8 / specwatch 9 /
-# specwatchw 10-13 / specwatchref 14 / sampler 15 (a role left without a core is left out, noted).
+# specwatchw 10-13 / specwatchref 14 / sampler 15 (the router, left without a core, is left out and
+# noted; --specwatch-workers or .devperf/src-ref without one stop the run: pass --cpus or --skip).
 # Results: <out-prefix>.{json,md} (default $RESULTS_DIR/results-pinned-<date>), plus bench.log, rss.tsv,
 # env.txt and logs.tgz beside them. Every process it started is stopped by PID on exit.
 set -euo pipefail
@@ -73,6 +76,7 @@ STAGGER_REQS="64:512,256:1024"
 STAGGER_MAXSEC=120
 STUB_PROCS=1
 CLIENT_PROCS=1
+SKIP=""
 
 die() { echo "run_pinned.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -97,12 +101,17 @@ while [[ $# -gt 0 ]]; do
     --stagger-max-seconds) STAGGER_MAXSEC="$2"; shift 2 ;;
     --stub-processes) STUB_PROCS="$2"; shift 2 ;;
     --client-processes) CLIENT_PROCS="$2"; shift 2 ;;
+    --skip) SKIP="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
 done
 [[ "$STUB_PROCS" =~ ^[1-9][0-9]*$ && "$CLIENT_PROCS" =~ ^[1-9][0-9]*$ ]] \
   || die "--stub-processes and --client-processes take a count >= 1"
+for s in ${SKIP//,/ }; do
+  case "$s" in nginx|router|specwatch|specwatch-ref) ;; *) die "--skip: unknown path $s" ;; esac
+done
+skipped() { [[ ",$SKIP," == *",$1,"* ]]; }
 PREFIX=${PREFIX:-$RESDIR/results-pinned-$DATE}
 mkdir -p "$WORK" "$(dirname "$PREFIX")"
 RUN="$WORK/run-$(date +%Y%m%d-%H%M%S)"
@@ -303,7 +312,12 @@ else
 fi
 
 # ---------------------------------------------------------------- CPU plan
-HAVE_REF=0; [[ -d "$DEV/src-ref/specwatch" ]] && HAVE_REF=1
+if skipped nginx && [[ -n "$NGINX" ]]; then NGINX=""; note "nginx: skipped (--skip)"; fi
+if skipped router && [[ $ROUTER_OK == 1 ]]; then ROUTER_OK=0; note "vllm-router: skipped (--skip)"; fi
+HAVE_REF=0
+if [[ -d "$DEV/src-ref/specwatch" ]]; then
+  if skipped specwatch-ref; then note "specwatch-ref: skipped (--skip)"; else HAVE_REF=1; fi
+fi
 if [[ -z "$CPUS" ]]; then
   CPUS=$(python3 - "$STUB_PROCS" "$CLIENT_PROCS" "$SW_WORKERS" "$HAVE_REF" "$ROUTER_OK" <<'EOF'
 import os, sys
@@ -348,7 +362,9 @@ note "cpu plan: $CPUS"
 STUB_ARGS=(); CLIENT_ARGS=()
 [[ $STUB_PROCS -gt 1 ]] && STUB_ARGS=(--processes "$STUB_PROCS")
 [[ $CLIENT_PROCS -gt 1 ]] && CLIENT_ARGS=(--client-processes "$CLIENT_PROCS")
-note "stub processes: $STUB_PROCS on CPU(s) ${CPU[stub]}; client processes: $CLIENT_PROCS on CPU(s) ${CPU[client]}"
+if [[ $STUB_PROCS -gt 1 || $CLIENT_PROCS -gt 1 ]]; then
+  note "stub processes: $STUB_PROCS on CPU(s) ${CPU[stub]}; client processes: $CLIENT_PROCS on CPU(s) ${CPU[client]}"
+fi
 
 # ---------------------------------------------------------------- upstream
 UP=$(free_port)
@@ -422,6 +438,10 @@ if [[ $ROUTER_OK == 1 ]]; then
 fi
 
 # ---------------------------------------------------------------- the specwatch exporter
+XP=""
+if skipped specwatch; then
+  note "specwatch (one process): skipped (--skip)"
+else
 XP=$(free_port)
 start specwatch "${CPU[specwatch]}" env PYTHONPATH="$SRC:$SITE" PYTHONUNBUFFERED=1 python3 -m specwatch.cli exporter \
   --upstream "baseline=http://127.0.0.1:$UP" --web.listen-address "127.0.0.1:$XP"
@@ -429,8 +449,9 @@ wait_port specwatch "$XP" 60 || die "the exporter did not start"
 wait_http specwatch "http://127.0.0.1:$XP/healthz" 20 || die "the exporter did not answer /healthz"
 TARGETS+=("specwatch=http://127.0.0.1:$XP@$(pid_of specwatch)")
 META+=(--meta "specwatch=python3 -m specwatch.cli exporter --upstream baseline=http://127.0.0.1:{UP} --web.listen-address 127.0.0.1:{PORT} (commit $(cut -c1-12 "$SRC/COMMIT" 2>/dev/null), uvloop.run)")
+fi
 
-if [[ -d "$DEV/src-ref/specwatch" ]]; then
+if [[ $HAVE_REF == 1 ]]; then
   [[ -n "${CPU[specwatchref]:-}" ]] || die "--cpus has no specwatchref (needed for .devperf/src-ref)"
   note "specwatch-ref: $(build_of "$DEV/src-ref")"
   XR=$(free_port)
@@ -450,6 +471,7 @@ if [[ $SW_WORKERS -gt 0 ]]; then
   wait_port "specwatch-w$SW_WORKERS" "$XW" 60 || die "the --workers exporter did not start"
   wait_http "specwatch-w$SW_WORKERS" "http://127.0.0.1:$XW/healthz" 20 || die "the --workers exporter did not answer /healthz"
   TARGETS+=("specwatch-w$SW_WORKERS=http://127.0.0.1:$XW@$(pid_of "specwatch-w$SW_WORKERS")")
+  [[ -n "$XP" ]] || XP=$XW
   META+=(--meta "specwatch-w$SW_WORKERS=the specwatch command with --workers $SW_WORKERS, its process tree pinned to CPUs ${CPU[specwatchw]}")
 fi
 
@@ -457,7 +479,7 @@ fi
 KEY="sk-$(python3 -c 'import secrets; print(secrets.token_hex(24))')"
 python3 "$WORK/sse_check.py" "$KEY" "direct=http://127.0.0.1:$UP" "${TARGETS[@]}" 2>&1 | tee -a "$ENVTXT" >&2 \
   || die "a warm-up stream failed"
-if [[ $PROBE == 1 ]]; then
+if [[ $PROBE == 1 && -n "$XP" ]]; then
   note "exporter /metrics after the smoke test: $(python3 -c "$HTTP_OK"'
 import re; print(" ".join(l for l in o.open(sys.argv[1], timeout=2).read().decode().splitlines() if l.startswith("specwatch_requests_total")))' "http://127.0.0.1:$XP/metrics" 2>&1 | head -c 1500)"
 fi
