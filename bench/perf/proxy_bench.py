@@ -18,10 +18,20 @@ its timestamps are then delayed by its own work.
 The HTTP/1.1 client is a small asyncio Protocol (keep-alive, chunked or length-delimited
 bodies) so the per-chunk cost of the measuring side stays low; uvloop is used when installed.
 
+--client-processes P (default 1: everything in this process, as before): the connections of each
+block are split over P client processes forked at start-up (each with its own event loop, all on
+the CPU set the parent inherited), so one process does not saturate at high concurrency. Each
+process opens and primes its share; the parent reads /proc (proxy trees, machine) once all are
+ready, starts them together, reads /proc again once all are done, then collects their samples
+and merges them before the percentiles. Requests are split in proportion to the connections, and
+each process runs its share closed-loop as one process would. The client CPU of a block is then
+the sum over the processes (and the parent); a block is flagged when one process exceeded
+--client-cpu-limit of a core.
+
 Usage:
   proxy_bench.py --direct http://127.0.0.1:18001@PID nginx=http://127.0.0.1:18600@PID ...
                  [--concurrency 1,16,64] [--requests 1:100,16:480,64:960] [--rounds 4]
-                 [--out-json r.json] [--out-md r.md]
+                 [--out-json r.json] [--out-md r.md] [--client-processes P]
 Exit codes: 0 ok, 1 some requests failed or the run was cut short, 2 bad arguments.
 
 Origin: ../shared/perf/proxy_bench.py (the issue 18 reference harness), brought into the repo as is.
@@ -33,9 +43,12 @@ import argparse
 import asyncio
 import gc
 import json
+import multiprocessing
+import multiprocessing.connection
 import os
 import platform
 import random
+import signal
 import socket
 import sys
 import time
@@ -443,6 +456,7 @@ class Block:
     cpu_s: dict[str, float]  # tree CPU seconds per monitored process (proxies, direct)
     monitored_cpu_s: float  # the same, each process tree counted once
     cut_short: bool = False
+    client_proc_max_s: float | None = None  # --client-processes > 1: the busiest client process
 
     @property
     def foreign_cores(self) -> float:
@@ -477,9 +491,196 @@ def dist(values: list[float]) -> dict[str, float | None]:
 # ----------------------------------------------------------------------------- runner
 
 
+def closed_loop(target: Target, conns: list[HttpConn], payload: bytes, n: int, timeout: float,
+                stagger: float, rng: random.Random, samples: list[Sample]) -> asyncio.Future:
+    """n requests over conns, each connection sending its next request when its stream ends."""
+    remaining = n
+
+    async def worker(conn: HttpConn) -> None:
+        nonlocal remaining
+        if stagger:  # desynchronise the loop: a random start within one stagger period
+            await asyncio.sleep(rng.uniform(0.0, stagger))
+        first = True
+        while remaining > 0:
+            remaining -= 1
+            if stagger and not first:  # and a short random think time, so streams do not re-align
+                await asyncio.sleep(rng.uniform(0.0, stagger / 10))
+            first = False
+            if conn.closed:
+                try:
+                    conn = await connect(target)
+                except (TimeoutError, OSError) as exc:
+                    samples.append(Sample(False, f"connect: {exc!r}"))
+                    continue
+            samples.append(to_sample(await conn.request(payload, timeout)))
+
+    return asyncio.gather(*(worker(c) for c in conns))
+
+
+# ---- --client-processes: a pool of forked client processes, driven over pipes
+
+SampleTuple = tuple[bool, str, float, float, float, list[float], int, int, bool, bool]
+
+
+def sample_tuple(s: Sample) -> SampleTuple:
+    return (s.ok, s.error, s.ttft, s.e2e, s.tpot, s.gaps, s.chunks, s.crc, s.usage, s.spec)
+
+
+async def pipe_recv(conn: multiprocessing.connection.Connection) -> tuple:
+    """The next message on a pipe, without blocking the event loop while waiting for it."""
+    if not conn.poll():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        fd = conn.fileno()
+
+        def readable() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await fut
+        finally:
+            loop.remove_reader(fd)
+            os.set_blocking(fd, True)  # uvloop's add_reader made it non-blocking; recv/send block
+    return conn.recv()
+
+
+def split_shares(nconn: int, n: int, procs: int) -> list[tuple[int, int]]:
+    """(connections, requests) per process: connections as even as possible, requests in
+    proportion to them (the remainder one each to the first processes with connections)."""
+    conns = [nconn // procs + (1 if i < nconn % procs else 0) for i in range(procs)]
+    reqs = [n * c // nconn if nconn else 0 for c in conns]
+    left = n - sum(reqs)
+    for i, c in enumerate(conns):
+        if left <= 0:
+            break
+        if c:
+            reqs[i] += 1
+            left -= 1
+    return list(zip(conns, reqs, strict=True))
+
+
+def die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent dies (best effort)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def client_proc_main(pipe: multiprocessing.connection.Connection, index: int,
+                     args: argparse.Namespace,
+                     inherited: list[multiprocessing.connection.Connection]) -> None:
+    """Entry point of client process `index` (forked before the parent's event loop started)."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles ^C and stops us
+    for other in inherited:
+        other.close()
+    asyncio.run(client_proc_loop(pipe, index, args))
+
+
+async def client_proc_loop(pipe: multiprocessing.connection.Connection, index: int,
+                           args: argparse.Namespace) -> None:
+    targets = {t.name: t for t in args.targets}
+    payloads = {t.name: build_request(t, args, args.max_tokens) for t in args.targets}
+    primes = {t.name: build_request(t, args, 1) for t in args.targets}
+    timeout = args.timeout_s
+    stagger = args.stagger_ms / 1000.0
+    while True:
+        try:
+            msg = await pipe_recv(pipe)
+        except EOFError:
+            return
+        if msg[0] != "block":
+            return  # "stop"
+        _, name, nconn, n, rnd, conc = msg
+        target = targets[name]
+        conns: list[HttpConn] = []
+        try:
+            for c in await asyncio.gather(*(connect(target) for _ in range(nconn)),
+                                          return_exceptions=True):
+                if isinstance(c, BaseException):
+                    raise c
+                conns.append(c)
+            if not args.no_prime:
+                await asyncio.gather(*(c.request(primes[name], timeout) for c in conns))
+        except Exception as exc:  # noqa: BLE001 - the parent raises it
+            for c in conns:
+                c.close()
+            pipe.send(("error", f"client process {index}: {exc!r}"))
+            continue
+        gc.collect()
+        gc.disable()
+        pipe.send(("ready",))
+        msg = await pipe_recv(pipe)
+        if msg[0] != "go":  # "abort": another process failed to connect
+            gc.enable()
+            for c in conns:
+                c.close()
+            continue
+        budget = msg[1]
+        samples: list[Sample] = []
+        rng = random.Random((rnd * 7919 + conc) * 1009 + index)
+        cpu0, w0 = time.process_time(), perf_counter()
+        cut = False
+        try:
+            await asyncio.wait_for(closed_loop(target, conns, payloads[name], n, timeout, stagger,
+                                               rng, samples), budget)
+        except TimeoutError:
+            cut = True
+        w1, cpu1 = perf_counter(), time.process_time()
+        pipe.send(("done", cpu1 - cpu0, w1 - w0, cut))
+        gc.enable()
+        await pipe_recv(pipe)  # "collect": the parent has read /proc
+        for c in conns:
+            c.close()
+        pipe.send(("samples", [sample_tuple(s) for s in samples]))
+
+
+class ClientPool:
+    """P client processes, forked before any event loop runs; the parent only coordinates."""
+
+    def __init__(self, args: argparse.Namespace, procs: int) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.pipes: list[multiprocessing.connection.Connection] = []
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for i in range(procs):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=client_proc_main, name=f"proxy_bench-client-{i}",
+                               args=(theirs, i, args, [*self.pipes, mine]), daemon=True)
+            proc.start()
+            theirs.close()
+            self.pipes.append(mine)
+            self.procs.append(proc)
+        self.pids = [p.pid for p in self.procs if p.pid]
+
+    def check(self) -> None:
+        dead = [p for p in self.procs if not p.is_alive()]
+        if dead:
+            raise RuntimeError(f"client process {dead[0].name} exited ({dead[0].exitcode})")
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            try:
+                pipe.send(("stop",))
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2)
+
+
 class Bench:
-    def __init__(self, args: argparse.Namespace, targets: list[Target]) -> None:
+    def __init__(self, args: argparse.Namespace, targets: list[Target],
+                 pool: ClientPool | None = None) -> None:
         self.args = args
+        self.pool = pool
         self.targets = targets
         self.payload = {t.name: build_request(t, args, args.max_tokens) for t in targets}
         self.prime = {t.name: build_request(t, args, 1) for t in targets}
@@ -497,7 +698,7 @@ class Bench:
         w1, procs1, busy1, cpu1 = perf_counter(), scan_procs(), machine_busy(), \
             time.process_time()
         ours = cpu1 - cpu0
-        for pid in set(self.monitored.values()):
+        for pid in set(self.monitored.values()) | set(self.pool.pids if self.pool else ()):
             ours += tree_delta_s(tree_ticks(procs0, pid), tree_ticks(procs1, pid))
         db, dt = busy1[0] - busy0[0], busy1[1] - busy0[1]
         busy_cores = NCPU * db / dt if dt else 0.0
@@ -525,6 +726,8 @@ class Bench:
         return self.deadline - time.monotonic()
 
     async def block(self, target: Target, conc: int, n: int, rnd: int) -> Block:
+        if self.pool is not None:
+            return await self.block_pool(target, conc, n, rnd)
         conns = await asyncio.gather(*(connect(target) for _ in range(min(conc, n))))
         payload = self.payload[target.name]
         timeout = self.args.timeout_s
@@ -535,28 +738,8 @@ class Bench:
             prime = self.prime[target.name]
             await asyncio.gather(*(c.request(prime, timeout) for c in conns))
         samples: list[Sample] = []
-        remaining = n
-
         stagger = self.args.stagger_ms / 1000.0
         rng = random.Random(rnd * 7919 + conc)
-
-        async def worker(conn: HttpConn) -> None:
-            nonlocal remaining
-            if stagger:  # desynchronise the loop: a random start within one stagger period
-                await asyncio.sleep(rng.uniform(0.0, stagger))
-            first = True
-            while remaining > 0:
-                remaining -= 1
-                if stagger and not first:  # and a short random think time, so streams do not re-align
-                    await asyncio.sleep(rng.uniform(0.0, stagger / 10))
-                first = False
-                if conn.closed:
-                    try:
-                        conn = await connect(target)
-                    except (TimeoutError, OSError) as exc:
-                        samples.append(Sample(False, f"connect: {exc!r}"))
-                        continue
-                samples.append(to_sample(await conn.request(payload, timeout)))
 
         gc.collect()
         gc.disable()
@@ -567,7 +750,8 @@ class Bench:
         cut = False
         try:
             budget = max(self.time_left(), 1.0)
-            await asyncio.wait_for(asyncio.gather(*(worker(c) for c in conns)), budget)
+            await asyncio.wait_for(closed_loop(target, conns, payload, n, timeout, stagger, rng,
+                                               samples), budget)
         except TimeoutError:
             cut = True
         w1, cpu1 = perf_counter(), time.process_time()
@@ -583,6 +767,51 @@ class Bench:
         return Block(target.name, rnd, samples, w1 - w0, cpu1 - cpu0,
                      NCPU * db / dt if dt else 0.0, cpu_s,
                      sum(cpu_s[name] for name in once.values()), cut)
+
+    async def block_pool(self, target: Target, conc: int, n: int, rnd: int) -> Block:
+        """block(), its connections and requests split over the client processes."""
+        assert self.pool is not None
+        self.pool.check()
+        shares = split_shares(min(conc, n), n, len(self.pool.pipes))
+        active = [(pipe, c, k) for pipe, (c, k) in zip(self.pool.pipes, shares, strict=True)
+                  if c]
+        for pipe, c, k in active:
+            pipe.send(("block", target.name, c, k, rnd, conc))
+        replies = await asyncio.gather(*(pipe_recv(pipe) for pipe, _, _ in active))
+        errors = [r[1] for r in replies if r[0] == "error"]
+        if errors:
+            for (pipe, _, _), r in zip(active, replies, strict=True):
+                if r[0] == "ready":
+                    pipe.send(("abort",))
+            raise OSError(errors[0])
+        gc.collect()
+        gc.disable()
+        procs0 = scan_procs()
+        trees0 = {name: tree_ticks(procs0, pid) for name, pid in self.monitored.items()}
+        busy0 = machine_busy()
+        cpu0, w0 = time.process_time(), perf_counter()
+        budget = max(self.time_left(), 1.0)
+        for pipe, _, _ in active:
+            pipe.send(("go", budget))
+        dones = await asyncio.gather(*(pipe_recv(pipe) for pipe, _, _ in active))
+        w1, cpu1 = perf_counter(), time.process_time()
+        busy1 = machine_busy()
+        procs1 = scan_procs()
+        gc.enable()
+        for pipe, _, _ in active:
+            pipe.send(("collect",))
+        samples = [Sample(*t) for r in await asyncio.gather(*(pipe_recv(pipe)
+                                                              for pipe, _, _ in active))
+                   for t in r[1]]
+        cpu_s = {name: tree_delta_s(trees0[name], tree_ticks(procs1, pid))
+                 for name, pid in self.monitored.items()}
+        once = {pid: name for name, pid in self.monitored.items()}
+        db, dt = busy1[0] - busy0[0], busy1[1] - busy0[1]
+        own = cpu1 - cpu0
+        return Block(target.name, rnd, samples, w1 - w0, own + sum(d[1] for d in dones),
+                     NCPU * db / dt if dt else 0.0, cpu_s,
+                     sum(cpu_s[name] for name in once.values()), any(d[3] for d in dones),
+                     max([own] + [d[1] for d in dones]))
 
     async def level(self, conc: int, requests: int) -> dict:
         a = self.args
@@ -674,7 +903,13 @@ class Bench:
                             "foreign_cores": round(b.foreign_cores, 3)}
                            for b in own],
             }
-            entry["client_suspect"] = entry["client_cpu_frac_max_block"] > lim
+            if self.pool is not None:
+                entry["client_cpu_frac_max_proc"] = round(max(
+                    (b.client_proc_max_s / b.wall_s for b in own
+                     if b.wall_s and b.client_proc_max_s is not None), default=0), 4)
+                entry["client_suspect"] = entry["client_cpu_frac_max_proc"] > lim
+            else:
+                entry["client_suspect"] = entry["client_cpu_frac_max_block"] > lim
             if t.pid:
                 cpu = sum(b.cpu_s[t.name] for b in own)
                 others = [b for b in blocks if b.path != t.name]
@@ -742,6 +977,8 @@ def markdown(result: dict) -> str:
              f"Upstream: `{cfg['direct']}` ({cfg['upstream_desc']}). Client: closed loop"
              + (f" staggered (start 0..{cfg['stagger_ms']:g} ms, think 0..{cfg['stagger_ms'] / 10:g} ms)"
                 if cfg.get("stagger_ms") else " (lock-step)") + ", "
+             + (f"{cfg['client_processes']} client processes, " if cfg.get("client_processes")
+                else "")
              + f"{cfg['rounds']} interleaved rounds per level (palindromic order), "
              f"loop={result['env']['loop']}, {result['env']['ncpu']} CPUs, "
              f"wall {result['wall_s']:.0f} s.", "",
@@ -807,8 +1044,12 @@ def markdown(result: dict) -> str:
              "+TPOT p50.",
              "- direct-aa (when present) is the direct path measured again as if it were a "
              "proxy: its 'added' values show the noise floor of the method on this machine.",
-             f"- Client CPU is the harness's own process over each block; ⚠ marks a level where "
-             f"a block exceeded {lim:.0%} of a core, and its latencies are suspect.",
+             (f"- Client CPU is the harness's own process over each block; ⚠ marks a level where "
+              f"a block exceeded {lim:.0%} of a core, and its latencies are suspect."
+              if not cfg.get("client_processes") else
+              f"- Client CPU is the harness's {cfg['client_processes']} client processes (and their "
+              f"parent) over each block, summed (100% = one core); ⚠ marks a level where one "
+              f"process exceeded {lim:.0%} of a core in a block, and its latencies are suspect."),
              "- busy cores = whole-machine CPU use during the path's blocks (of "
              f"{result['env']['ncpu']}); stub, proxy and client share these cores. foreign "
              "cores = the part used by none of them (other workloads on the machine); "
@@ -819,7 +1060,11 @@ def markdown(result: dict) -> str:
             notes.append(f"- C={lv['concurrency']}: R reduced from {lv['requests_planned']} to "
                          f"{lv['requests_per_path']} to fit the time budget.")
         for name, p in lv["paths"].items():
-            if p["client_suspect"]:
+            if p["client_suspect"] and "client_cpu_frac_max_proc" in p:
+                notes.append(f"- C={lv['concurrency']} {name}: a client process used "
+                             f"{p['client_cpu_frac_max_proc']:.0%} of a core in a block "
+                             f"(> {lim:.0%}); numbers at this level are suspect.")
+            elif p["client_suspect"]:
                 notes.append(f"- C={lv['concurrency']} {name}: client used "
                              f"{p['client_cpu_frac_max_block']:.0%} of a core in a block "
                              f"(> {lim:.0%}); numbers at this level are suspect.")
@@ -896,6 +1141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stagger-ms", type=float, default=0.0, metavar="MS",
                    help="desynchronise the closed loop: each connection starts after a random 0..MS ms "
                         "and waits a random 0..MS/10 ms before each later request (0: lock-step, the default)")
+    p.add_argument("--client-processes", type=int, default=1, metavar="P",
+                   help="split each block's connections over P forked client processes "
+                        "(default 1: all in this process)")
     args = p.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.concurrency.split(",")]
@@ -910,13 +1158,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     names = [t.name for t in args.targets]
     if len(set(names)) != len(names):
         p.error(f"path names must be unique, got {names}")
-    if args.rounds < 1 or min(args.levels) < 1 or args.warmup < 1:
-        p.error("--rounds, --warmup and every concurrency must be >= 1")
+    if args.rounds < 1 or min(args.levels) < 1 or args.warmup < 1 or args.client_processes < 1:
+        p.error("--rounds, --warmup, --client-processes and every concurrency must be >= 1")
     return args
 
 
-async def run(args: argparse.Namespace, loop_name: str) -> dict:
-    bench = Bench(args, args.targets)
+async def run(args: argparse.Namespace, loop_name: str, pool: ClientPool | None = None) -> dict:
+    bench = Bench(args, args.targets, pool)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     t0 = time.monotonic()
     result: dict = {
@@ -935,6 +1183,8 @@ async def run(args: argparse.Namespace, loop_name: str) -> dict:
                 "kernel": platform.release(), "clk_tck": CLK_TCK},
         "meta": dict(m.split("=", 1) for m in args.meta if "=" in m),
     }
+    if pool is not None:
+        result["config"]["client_processes"] = len(pool.pipes)
     for conc in args.levels:
         if bench.time_left() < 10:
             log(f"skipping C={conc}: out of time")
@@ -973,7 +1223,12 @@ def main(argv: list[str] | None = None) -> int:
             loop_name = f"uvloop {uvloop.__version__}"
         except ImportError:
             pass
-    result = asyncio.run(run(args, loop_name))
+    pool = ClientPool(args, args.client_processes) if args.client_processes > 1 else None
+    try:
+        result = asyncio.run(run(args, loop_name, pool))
+    finally:
+        if pool is not None:
+            pool.close()
     if result["levels"]:
         print(markdown(result))
     failed = any(p["errors"] for lv in result["levels"] for p in lv["paths"].values())

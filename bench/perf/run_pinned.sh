@@ -21,17 +21,30 @@
 #                      [--quiet-below 0.3] [--quiet-wait-s 30]
 #                      [--specwatch-workers N] [--stagger-ms MS --stagger-concurrency 64,256
 #                       --stagger-requests 64:512,256:1024 --stagger-max-seconds 120]
+#                      [--stub-processes N] [--client-processes P] [--skip nginx,router,specwatch,specwatch-ref]
 # --specwatch-workers N: also measure `specwatch exporter --workers N` (this checkout's build) as
 #   `specwatch-wN`, its process tree pinned to the cpu plan's `specwatchw` set (default 8-11).
 # --stagger-ms MS: after the lock-step pass, a second pass of the same paths with a desynchronised
 #   loop (proxy_bench.py --stagger-ms: random starts within MS, random think 0..MS/10), results in
 #   <out-prefix>-stagger.{json,md}: shows how much of the added latency is burst queueing.
+# --stub-processes N: the stub as N processes on one port (stub_upstream.py --processes N, SO_REUSEPORT);
+# --client-processes P: the client's connections split over P processes (proxy_bench.py
+#   --client-processes P). Both default to 1 (as before). For C = 1024: --stub-processes 4
+#   --client-processes 4, so neither saturates (1024 streams are ~100k SSE chunks/s to write and parse).
+# --skip LIST: leave these paths out (started neither nor measured), e.g. --skip specwatch,specwatch-ref
+#   to measure only direct, direct-aa, nginx and specwatch-wN (with --specwatch-workers N).
 # --probe: start everything, send one streamed request through each path, print the machine's
 # topology, versions and affinities, run a tiny bench (C=1 and C=256, one round), and stop.
 # Without --cpus the cores are chosen from the topology: one logical CPU per physical core, in
 # order (stub 2, client 2, nginx 1, router 1, specwatch 1, RSS sampler the last core), so no two
 # roles share a physical core when the machine shows SMT siblings; without SMT this is
 # stub 0,1 / client 2,3 / nginx 4 / router 5 / specwatch 6 / sampler 15.
+# With --stub-processes or --client-processes above 2 the plan gives the stub max(2, N) and the client
+# max(2, P) cores, then nginx 1, specwatch 1, then what still fits before the sampler's last core, in
+# this order and only where used: specwatchw 4 (--specwatch-workers), specwatchref 1 (.devperf/src-ref),
+# router 1 (installed); on 16 cores with 4 and 4: stub 0-3 / client 4-7 / nginx 8 / specwatch 9 /
+# specwatchw 10-13 / specwatchref 14 / sampler 15 (the router, left without a core, is left out and
+# noted; --specwatch-workers or .devperf/src-ref without one stop the run: pass --cpus or --skip).
 # Results: <out-prefix>.{json,md} (default $RESULTS_DIR/results-pinned-<date>), plus bench.log, rss.tsv,
 # env.txt and logs.tgz beside them. Every process it started is stopped by PID on exit.
 set -euo pipefail
@@ -61,6 +74,9 @@ STAGGER=0
 STAGGER_CONC="64,256"
 STAGGER_REQS="64:512,256:1024"
 STAGGER_MAXSEC=120
+STUB_PROCS=1
+CLIENT_PROCS=1
+SKIP=""
 
 die() { echo "run_pinned.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -83,10 +99,19 @@ while [[ $# -gt 0 ]]; do
     --stagger-concurrency) STAGGER_CONC="$2"; shift 2 ;;
     --stagger-requests) STAGGER_REQS="$2"; shift 2 ;;
     --stagger-max-seconds) STAGGER_MAXSEC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --stub-processes) STUB_PROCS="$2"; shift 2 ;;
+    --client-processes) CLIENT_PROCS="$2"; shift 2 ;;
+    --skip) SKIP="$2"; shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
 done
+[[ "$STUB_PROCS" =~ ^[1-9][0-9]*$ && "$CLIENT_PROCS" =~ ^[1-9][0-9]*$ ]] \
+  || die "--stub-processes and --client-processes take a count >= 1"
+for s in ${SKIP//,/ }; do
+  case "$s" in nginx|router|specwatch|specwatch-ref) ;; *) die "--skip: unknown path $s" ;; esac
+done
+skipped() { [[ ",$SKIP," == *",$1,"* ]]; }
 PREFIX=${PREFIX:-$RESDIR/results-pinned-$DATE}
 mkdir -p "$WORK" "$(dirname "$PREFIX")"
 RUN="$WORK/run-$(date +%Y%m%d-%H%M%S)"
@@ -287,9 +312,16 @@ else
 fi
 
 # ---------------------------------------------------------------- CPU plan
+if skipped nginx && [[ -n "$NGINX" ]]; then NGINX=""; note "nginx: skipped (--skip)"; fi
+if skipped router && [[ $ROUTER_OK == 1 ]]; then ROUTER_OK=0; note "vllm-router: skipped (--skip)"; fi
+HAVE_REF=0
+if [[ -d "$DEV/src-ref/specwatch" ]]; then
+  if skipped specwatch-ref; then note "specwatch-ref: skipped (--skip)"; else HAVE_REF=1; fi
+fi
 if [[ -z "$CPUS" ]]; then
-  CPUS=$(python3 - <<'EOF'
-import os
+  CPUS=$(python3 - "$STUB_PROCS" "$CLIENT_PROCS" "$SW_WORKERS" "$HAVE_REF" "$ROUTER_OK" <<'EOF'
+import os, sys
+stub_n, client_n, sw_workers, have_ref, router_ok = (int(a) for a in sys.argv[1:6])
 cpus = sorted(os.sched_getaffinity(0))
 groups = {}
 for c in cpus:
@@ -301,12 +333,22 @@ for c in cpus:
 first = [min(g) for g in sorted(groups.values(), key=min)]
 if len(first) < 8:          # too few physical cores: fall back to logical CPUs
     first = cpus
-need = [("stub", 2), ("client", 2), ("nginx", 1), ("router", 1), ("specwatch", 1), ("specwatchref", 1)]
-plan, i = [], 0
-for name, n in need:
-    plan.append((name, first[i:i + n])); i += n
-if len(first) >= i + 5:  # a --workers exporter: four cores after the others, the sampler stays last
-    plan.append(("specwatchw", first[i:i + 4]))
+if stub_n <= 2 and client_n <= 2:  # the plan of the issue 18 runs, unchanged
+    need = [("stub", 2), ("client", 2), ("nginx", 1), ("router", 1), ("specwatch", 1), ("specwatchref", 1)]
+    plan, i = [], 0
+    for name, n in need:
+        plan.append((name, first[i:i + n])); i += n
+    if len(first) >= i + 5:  # a --workers exporter: four cores after the others, the sampler stays last
+        plan.append(("specwatchw", first[i:i + 4]))
+else:  # more stub / client processes: those first, then only the roles this run uses
+    need = [("stub", max(2, stub_n)), ("client", max(2, client_n)), ("nginx", 1), ("specwatch", 1)]
+    plan, i = [], 0
+    for name, n in need:
+        plan.append((name, first[i:i + n])); i += n
+    for name, n, used in (("specwatchw", 4, sw_workers > 0), ("specwatchref", 1, have_ref),
+                          ("router", 1, router_ok)):
+        if used and len(first) >= i + n + 1:
+            plan.append((name, first[i:i + n])); i += n
 plan.append(("sampler", first[-1:] if len(first) > i else first[i - 1:i]))
 print(" ".join(f"{k}={','.join(map(str, v))}" for k, v in plan))
 EOF
@@ -314,18 +356,27 @@ EOF
 fi
 declare -A CPU
 for kv in $CPUS; do CPU[${kv%%=*}]=${kv#*=}; done
-for r in stub client nginx router specwatch sampler; do [[ -n "${CPU[$r]:-}" ]] || die "--cpus has no $r"; done
+for r in stub client nginx specwatch sampler; do [[ -n "${CPU[$r]:-}" ]] || die "--cpus has no $r"; done
+if [[ $ROUTER_OK == 1 && -z "${CPU[router]:-}" ]]; then ROUTER_OK=0; note "vllm-router: no core in the cpu plan, left out"; fi
 note "cpu plan: $CPUS"
+STUB_ARGS=(); CLIENT_ARGS=()
+[[ $STUB_PROCS -gt 1 ]] && STUB_ARGS=(--processes "$STUB_PROCS")
+[[ $CLIENT_PROCS -gt 1 ]] && CLIENT_ARGS=(--client-processes "$CLIENT_PROCS")
+if [[ $STUB_PROCS -gt 1 || $CLIENT_PROCS -gt 1 ]]; then
+  note "stub processes: $STUB_PROCS on CPU(s) ${CPU[stub]}; client processes: $CLIENT_PROCS on CPU(s) ${CPU[client]}"
+fi
 
 # ---------------------------------------------------------------- upstream
 UP=$(free_port)
 start stub "${CPU[stub]}" "${PYENV[@]}" python3 "$HERE/stub_upstream.py" --port "$UP" --chunks "$CHUNKS" \
-  --interval-ms "$INTERVAL" --ttft-ms "$TTFT"
+  --interval-ms "$INTERVAL" --ttft-ms "$TTFT" "${STUB_ARGS[@]}"
 wait_http stub "http://127.0.0.1:$UP/health" 30 || die "the stub did not start"
 TARGETS=()
 META=(--meta "host=$(uname -n) $(nproc) CPUs (many-core benchmark host)"
       --meta "stub=chunks $CHUNKS, interval $INTERVAL ms, ttft $TTFT ms"
       --meta "pinning=$CPUS (taskset -c; every thread of a process inherits its set)")
+[[ $STUB_PROCS -gt 1 ]] && META+=(--meta "stub_processes=$STUB_PROCS (SO_REUSEPORT, one event loop each, on CPUs ${CPU[stub]})")
+[[ $CLIENT_PROCS -gt 1 ]] && META+=(--meta "client_processes=$CLIENT_PROCS (forked, one event loop each, on CPUs ${CPU[client]})")
 
 # ---------------------------------------------------------------- nginx
 if [[ -n "$NGINX" ]]; then
@@ -387,6 +438,10 @@ if [[ $ROUTER_OK == 1 ]]; then
 fi
 
 # ---------------------------------------------------------------- the specwatch exporter
+XP=""
+if skipped specwatch; then
+  note "specwatch (one process): skipped (--skip)"
+else
 XP=$(free_port)
 start specwatch "${CPU[specwatch]}" env PYTHONPATH="$SRC:$SITE" PYTHONUNBUFFERED=1 python3 -m specwatch.cli exporter \
   --upstream "baseline=http://127.0.0.1:$UP" --web.listen-address "127.0.0.1:$XP"
@@ -394,8 +449,9 @@ wait_port specwatch "$XP" 60 || die "the exporter did not start"
 wait_http specwatch "http://127.0.0.1:$XP/healthz" 20 || die "the exporter did not answer /healthz"
 TARGETS+=("specwatch=http://127.0.0.1:$XP@$(pid_of specwatch)")
 META+=(--meta "specwatch=python3 -m specwatch.cli exporter --upstream baseline=http://127.0.0.1:{UP} --web.listen-address 127.0.0.1:{PORT} (commit $(cut -c1-12 "$SRC/COMMIT" 2>/dev/null), uvloop.run)")
+fi
 
-if [[ -d "$DEV/src-ref/specwatch" ]]; then
+if [[ $HAVE_REF == 1 ]]; then
   [[ -n "${CPU[specwatchref]:-}" ]] || die "--cpus has no specwatchref (needed for .devperf/src-ref)"
   note "specwatch-ref: $(build_of "$DEV/src-ref")"
   XR=$(free_port)
@@ -415,6 +471,7 @@ if [[ $SW_WORKERS -gt 0 ]]; then
   wait_port "specwatch-w$SW_WORKERS" "$XW" 60 || die "the --workers exporter did not start"
   wait_http "specwatch-w$SW_WORKERS" "http://127.0.0.1:$XW/healthz" 20 || die "the --workers exporter did not answer /healthz"
   TARGETS+=("specwatch-w$SW_WORKERS=http://127.0.0.1:$XW@$(pid_of "specwatch-w$SW_WORKERS")")
+  [[ -n "$XP" ]] || XP=$XW
   META+=(--meta "specwatch-w$SW_WORKERS=the specwatch command with --workers $SW_WORKERS, its process tree pinned to CPUs ${CPU[specwatchw]}")
 fi
 
@@ -422,7 +479,7 @@ fi
 KEY="sk-$(python3 -c 'import secrets; print(secrets.token_hex(24))')"
 python3 "$WORK/sse_check.py" "$KEY" "direct=http://127.0.0.1:$UP" "${TARGETS[@]}" 2>&1 | tee -a "$ENVTXT" >&2 \
   || die "a warm-up stream failed"
-if [[ $PROBE == 1 ]]; then
+if [[ $PROBE == 1 && -n "$XP" ]]; then
   note "exporter /metrics after the smoke test: $(python3 -c "$HTTP_OK"'
 import re; print(" ".join(l for l in o.open(sys.argv[1], timeout=2).read().decode().splitlines() if l.startswith("specwatch_requests_total")))' "http://127.0.0.1:$XP/metrics" 2>&1 | head -c 1500)"
 fi
@@ -500,7 +557,7 @@ PROXY_BENCH_API_KEY="$KEY" timeout --signal=TERM $((MAXSEC + 40)) "${PIN[@]}" "$
   --concurrency "$CONC" --requests "$REQS" --rounds "$ROUNDS" --max-seconds "$MAXSEC" \
   --level-budget-s "$LEVEL_BUDGET" --quiet-below "$QUIET_BELOW" --quiet-wait-s "$QUIET_WAIT" \
   --upstream-desc "stub_upstream.py: $CHUNKS chunks, $INTERVAL ms apart, TTFT $TTFT ms" \
-  "${META[@]}" --out-json "$PREFIX.json" --out-md "$PREFIX.md" --aa \
+  "${META[@]}" "${CLIENT_ARGS[@]}" --out-json "$PREFIX.json" --out-md "$PREFIX.md" --aa \
   2> >(tee "$RUN/bench.log" >&2) >"$RUN/bench.stdout" || rc=$?
 if [[ $STAGGER != 0 && $PROBE == 0 ]]; then
   log "benchmark, staggered: --stagger-ms $STAGGER, concurrency $STAGGER_CONC, requests $STAGGER_REQS"
@@ -511,7 +568,7 @@ if [[ $STAGGER != 0 && $PROBE == 0 ]]; then
     --concurrency "$STAGGER_CONC" --requests "$STAGGER_REQS" --rounds "$ROUNDS" --max-seconds "$STAGGER_MAXSEC" \
     --level-budget-s "$LEVEL_BUDGET" --quiet-below "$QUIET_BELOW" --quiet-wait-s "$QUIET_WAIT" \
     --upstream-desc "stub_upstream.py: $CHUNKS chunks, $INTERVAL ms apart, TTFT $TTFT ms" \
-    "${META[@]}" --out-json "$PREFIX-stagger.json" --out-md "$PREFIX-stagger.md" --aa \
+    "${META[@]}" "${CLIENT_ARGS[@]}" --out-json "$PREFIX-stagger.json" --out-md "$PREFIX-stagger.md" --aa \
     2> >(tee "$RUN/bench-stagger.log" >&2) >"$RUN/bench-stagger.stdout" || rc=$?
 fi
 sleep 0.6   # one more RSS sample after the last block

@@ -13,6 +13,15 @@ request yields the same text. Also serves non-streaming chat, `GET /v1/models` a
 `GET /health` (200, empty body).
 
 Usage: python stub_upstream.py --port 18001 [--chunks 64] [--interval-ms 10] [--ttft-ms 20]
+                                 [--processes N]
+
+--processes N (default 1: one process, as before): N forked worker processes, each with its own
+event loop and its own listening socket on the same port (SO_REUSEPORT: the kernel spreads the
+connections over them). The sockets are bound before the fork, so every worker is in the group
+from the start. The parent only supervises: SIGTERM/SIGINT to it stops the workers; when one
+worker dies the others are stopped too. The workers share the CPU set they inherit (taskset on the
+parent). The bytes served are the same as with one process; generated request ids (no
+X-Request-Id) stay unique across workers.
 
 Origin: ../shared/perf/stub_upstream.py (the issue 18 reference harness), brought into the repo (one variable
 renamed for mypy).
@@ -24,6 +33,10 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
+import signal
+import socket
+import sys
 import time
 
 from aiohttp import web
@@ -69,12 +82,13 @@ def dumps(obj: object) -> str:
 
 
 class Stub:
-    def __init__(self, chunks: int, interval_s: float, ttft_s: float, model: str) -> None:
+    def __init__(self, chunks: int, interval_s: float, ttft_s: float, model: str,
+                 worker: int = 0, workers: int = 1) -> None:
         self.chunks = chunks
         self.interval_s = interval_s
         self.ttft_s = ttft_s
         self.model = model
-        self.counter = itertools.count(1)
+        self.counter = itertools.count(1 + worker, workers)  # 1, 2, 3, ... with one process
 
     def _n_tokens(self, body: dict) -> int:
         for key in ("max_completion_tokens", "max_tokens"):
@@ -170,28 +184,118 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttft-ms", type=float, default=20.0, help="delay before the first chunk")
     p.add_argument("--model", default="stub-model", help="name listed by /v1/models")
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="worker processes sharing the port through SO_REUSEPORT (default 1)")
+    p.add_argument("--backlog", type=int, default=1024,
+                   help="listen backlog of each worker's socket with --processes > 1")
     args = p.parse_args(argv)
     if args.chunks < 1 or args.interval_ms < 0 or args.ttft_ms < 0:
         p.error("--chunks must be >= 1, --interval-ms and --ttft-ms >= 0")
+    if args.processes < 1:
+        p.error("--processes must be >= 1")
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def make_app(args: argparse.Namespace, worker: int = 0, workers: int = 1) -> web.Application:
     if not args.no_uvloop:
         try:
             import uvloop
             uvloop.install()
         except ImportError:
             pass
-    stub = Stub(args.chunks, args.interval_ms / 1000, args.ttft_ms / 1000, args.model)
+    stub = Stub(args.chunks, args.interval_ms / 1000, args.ttft_ms / 1000, args.model,
+                worker, workers)
     app = web.Application(client_max_size=16 * 1024 * 1024)
     app.add_routes([
         web.get("/health", stub.health),
         web.get("/v1/models", stub.models),
         web.post("/v1/chat/completions", stub.chat),
     ])
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    return app
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent dies (best effort)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve_processes(args: argparse.Namespace) -> int:
+    """Fork args.processes workers, each serving its own SO_REUSEPORT socket; supervise them."""
+    n = args.processes
+    socks = [reuseport_socket(args.host, args.port) for _ in range(n)]
+    for sock in socks:
+        sock.listen(args.backlog)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids: list[int] = []
+    for i in range(n):
+        pid = os.fork()
+        if pid == 0:  # worker i
+            code = 0
+            try:
+                die_with_parent()
+                for j, other in enumerate(socks):
+                    if j != i:
+                        other.close()
+                web.run_app(make_app(args, i, n), sock=socks[i], backlog=args.backlog,
+                            print=None, access_log=None)
+            except BaseException as exc:  # noqa: BLE001 - report and leave with a code
+                if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    print(f"stub worker {i}: {exc!r}", file=sys.stderr, flush=True)
+                    code = 1
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    for sock in socks:  # each worker holds its own; a dead worker's socket leaves the group
+        sock.close()
+    print(f"stub: {n} worker processes {pids} on {args.host}:{args.port} (SO_REUSEPORT)",
+          file=sys.stderr, flush=True)
+
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    rc = 0
+    alive = set(pids)
+    while alive:
+        pid, status = os.wait()
+        alive.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if not stopping:
+            print(f"stub: worker PID {pid} exited ({code}); stopping the others", file=sys.stderr,
+                  flush=True)
+            rc = 1
+            stop(signal.SIGTERM, None)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.processes > 1:
+        sys.exit(serve_processes(args))
+    web.run_app(make_app(args), host=args.host, port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":
