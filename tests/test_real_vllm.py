@@ -72,15 +72,22 @@ def test_main_job_against_the_real_server(ngram_server, tmp_path, capsys):
         assert printed[task]["histogram"] == [sum(col) for col in columns]
 
 
-def test_capture_command_records_a_consistent_capture(ngram_server, tmp_path):
-    capture_server(ngram_server.url, tmp_path)
-    check_capture(tmp_path, speculative=True)
+@pytest.fixture(scope="module")
+def real_capture(ngram_server, tmp_path_factory):
+    """One capture of the real server (~40 s here), checked by one test and compared with the simulator's by
+    the next: the same requests both would send."""
+    folder = tmp_path_factory.mktemp("capture-real")
+    capture_server(ngram_server.url, folder)
+    return folder
 
 
-def test_simulator_is_indistinguishable_from_the_real_server_on_the_wire(ngram_server, sim_ngram, tmp_path):
+def test_capture_command_records_a_consistent_capture(real_capture):
+    check_capture(real_capture, speculative=True)
+
+
+def test_simulator_is_indistinguishable_from_the_real_server_on_the_wire(real_capture, sim_ngram, tmp_path):
     """The same requests to the real vLLM and to `specwatch sim`: same shapes, statuses, counting rules."""
-    real, sim = tmp_path / "real", tmp_path / "sim"
-    capture_server(ngram_server.url, real)
+    real, sim = real_capture, tmp_path / "sim"
     capture_server(sim_ngram.url, sim)
     check_capture(real, speculative=True)
     check_capture(sim, speculative=True)

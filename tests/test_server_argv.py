@@ -30,6 +30,9 @@ def test_environment_sets_kv_space_but_respects_the_caller():
     assert server_environment({})["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert server_environment({"VLLM_CPU_KVCACHE_SPACE": "4"})["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert server_environment({})["HF_HUB_OFFLINE"] == "1"
+    # no separate worker process (a faster start); a user's own setting wins
+    assert server_environment({})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert server_environment({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 def test_serve_verb_prints_the_command(capsys, tmp_path):

@@ -90,10 +90,18 @@ def serve_argv(
 
 
 def server_environment(base: Mapping[str, str], kv_cache_gib: int = 1) -> dict[str, str]:
-    """The environment vLLM's CPU build needs: without a KV cache size its memory check fails."""
+    """The environment vLLM's CPU build needs: without a KV cache size its memory check fails.
+
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the engine process runs the model itself instead of spawning a
+    worker process that imports vLLM and torch once more (the CPU platform forces that `mp` executor
+    otherwise, even for one worker). Measured on this 2-core machine with the n-gram server: start to
+    healthy 36-38 s instead of 46-60 s, the same decode speed, and the same per-request and `/metrics`
+    spec-decode counts. The API server still runs the engine in its own process.
+    """
     env = dict(base)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
