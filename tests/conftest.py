@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -48,44 +46,15 @@ def model_folders(home: Home) -> models.ModelFolders:
     return models.build(home)
 
 
-def _start_ngram_server(home: Home, folders: models.ModelFolders, log: Path) -> VllmServer:
-    port = free_port()
-    argv = serve_argv(folders.target, port=port, speculative_config=NGRAM_CONFIG, extra=["--max-num-seqs", "8"])
-    return VllmServer(home, argv, port, log).start()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def ngram_server_starting(request: pytest.FixtureRequest,
-                          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Future[VllmServer] | None]:
-    """When a selected test uses `ngram_server`, its start (~40 s, mostly imports) begins with the run, in the
-    background, and overlaps the tests before that one. None when no test needs it or there is no vLLM
-    environment (then `home` fails the tests that do, with its message)."""
-    home = resolve_home(None)
-    if not is_installed(home) or not any("ngram_server" in getattr(item, "fixturenames", ())
-                                         for item in request.session.items):
-        yield None
-        return
-    folders = models.build(home)  # here, not in the thread: `model_folders` never builds beside it
-    log = tmp_path_factory.mktemp("vllm") / "ngram.log"
-    with ThreadPoolExecutor(1, thread_name_prefix="ngram-server") as pool:
-        starting = pool.submit(_start_ngram_server, home, folders, log)
-        try:
-            yield starting
-        finally:  # when `ngram_server` never took it (a run stopped early); stopping twice is harmless
-            with contextlib.suppress(Exception):
-                starting.result().stop()
-
-
 @pytest.fixture(scope="session")
-def ngram_server(home: Home, model_folders: models.ModelFolders, ngram_server_starting: Future[VllmServer] | None,
+def ngram_server(home: Home, model_folders: models.ModelFolders,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """The real server with the article's n-gram config and per-request metrics, started once (from the run's
-    start, see `ngram_server_starting`)."""
-    if ngram_server_starting is not None:
-        server = ngram_server_starting.result()
-    else:
-        server = _start_ngram_server(home, model_folders, tmp_path_factory.mktemp("vllm") / "ngram.log")
-    with server:
+    """The real server with the article's n-gram config and per-request metrics, started once."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "ngram.log"
+    argv = serve_argv(model_folders.target, port=port, speculative_config=NGRAM_CONFIG,
+                      extra=["--max-num-seqs", "8"])
+    with VllmServer(home, argv, port, log).start() as server:
         yield server
 
 
