@@ -676,6 +676,34 @@ class ClientPool:
                 proc.join(2)
 
 
+class Window:
+    """The measured span of one block, garbage collection off inside it: from /proc, each monitored
+    proxy's process-tree CPU and the machine's busy share; this process's CPU; the wall time."""
+
+    def __init__(self, monitored: dict[str, int]) -> None:
+        self.monitored = monitored
+        gc.collect()
+        gc.disable()
+        procs = scan_procs()
+        self.trees0 = {name: tree_ticks(procs, pid) for name, pid in monitored.items()}
+        self.busy0 = machine_busy()
+        self.cpu0, self.w0 = time.process_time(), perf_counter()
+
+    def close(self) -> tuple[float, float, float, dict[str, float], float]:
+        """Wall s, this process's CPU s, busy cores, CPU s per monitored name, and their sum counting each
+        process tree once (two names may watch one PID)."""
+        w1, cpu1 = perf_counter(), time.process_time()
+        busy1 = machine_busy()
+        procs1 = scan_procs()
+        gc.enable()
+        cpu_s = {name: tree_delta_s(self.trees0[name], tree_ticks(procs1, pid))
+                 for name, pid in self.monitored.items()}
+        once = {pid: name for name, pid in self.monitored.items()}
+        db, dt = busy1[0] - self.busy0[0], busy1[1] - self.busy0[1]
+        return (w1 - self.w0, cpu1 - self.cpu0, NCPU * db / dt if dt else 0.0, cpu_s,
+                sum(cpu_s[name] for name in once.values()))
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, targets: list[Target],
                  pool: ClientPool | None = None) -> None:
@@ -741,12 +769,7 @@ class Bench:
         stagger = self.args.stagger_ms / 1000.0
         rng = random.Random(rnd * 7919 + conc)
 
-        gc.collect()
-        gc.disable()
-        procs0 = scan_procs()
-        trees0 = {name: tree_ticks(procs0, pid) for name, pid in self.monitored.items()}
-        busy0 = machine_busy()
-        cpu0, w0 = time.process_time(), perf_counter()
+        window = Window(self.monitored)
         cut = False
         try:
             budget = max(self.time_left(), 1.0)
@@ -754,19 +777,10 @@ class Bench:
                                                samples), budget)
         except TimeoutError:
             cut = True
-        w1, cpu1 = perf_counter(), time.process_time()
-        busy1 = machine_busy()
-        procs1 = scan_procs()
-        gc.enable()
+        wall, own, busy, cpu_s, proxies = window.close()
         for c in conns:
             c.close()
-        cpu_s = {name: tree_delta_s(trees0[name], tree_ticks(procs1, pid))
-                 for name, pid in self.monitored.items()}
-        once = {pid: name for name, pid in self.monitored.items()}
-        db, dt = busy1[0] - busy0[0], busy1[1] - busy0[1]
-        return Block(target.name, rnd, samples, w1 - w0, cpu1 - cpu0,
-                     NCPU * db / dt if dt else 0.0, cpu_s,
-                     sum(cpu_s[name] for name in once.values()), cut)
+        return Block(target.name, rnd, samples, wall, own, busy, cpu_s, proxies, cut)
 
     async def block_pool(self, target: Target, conc: int, n: int, rnd: int) -> Block:
         """block(), its connections and requests split over the client processes."""
@@ -784,34 +798,19 @@ class Bench:
                 if r[0] == "ready":
                     pipe.send(("abort",))
             raise OSError(errors[0])
-        gc.collect()
-        gc.disable()
-        procs0 = scan_procs()
-        trees0 = {name: tree_ticks(procs0, pid) for name, pid in self.monitored.items()}
-        busy0 = machine_busy()
-        cpu0, w0 = time.process_time(), perf_counter()
+        window = Window(self.monitored)
         budget = max(self.time_left(), 1.0)
         for pipe, _, _ in active:
             pipe.send(("go", budget))
         dones = await asyncio.gather(*(pipe_recv(pipe) for pipe, _, _ in active))
-        w1, cpu1 = perf_counter(), time.process_time()
-        busy1 = machine_busy()
-        procs1 = scan_procs()
-        gc.enable()
+        wall, own, busy, cpu_s, proxies = window.close()
         for pipe, _, _ in active:
             pipe.send(("collect",))
         samples = [Sample(*t) for r in await asyncio.gather(*(pipe_recv(pipe)
                                                               for pipe, _, _ in active))
                    for t in r[1]]
-        cpu_s = {name: tree_delta_s(trees0[name], tree_ticks(procs1, pid))
-                 for name, pid in self.monitored.items()}
-        once = {pid: name for name, pid in self.monitored.items()}
-        db, dt = busy1[0] - busy0[0], busy1[1] - busy0[1]
-        own = cpu1 - cpu0
-        return Block(target.name, rnd, samples, w1 - w0, own + sum(d[1] for d in dones),
-                     NCPU * db / dt if dt else 0.0, cpu_s,
-                     sum(cpu_s[name] for name in once.values()), any(d[3] for d in dones),
-                     max([own] + [d[1] for d in dones]))
+        return Block(target.name, rnd, samples, wall, own + sum(d[1] for d in dones), busy, cpu_s, proxies,
+                     any(d[3] for d in dones), max([own] + [d[1] for d in dones]))
 
     async def level(self, conc: int, requests: int) -> dict:
         a = self.args
