@@ -411,8 +411,8 @@ class Tap:
         """Relay from `conn` inside its `data_received`: each read is accounted and written to the client's
         transport at once. This coroutine only waits: for the end, a slow client (drain, then read on) or a
         gone one. Returns the response and whether the upstream response ended cleanly."""
-        headers = CIMultiDict((k, v) for k, v in head.headers.items() if k.lower() not in HOP_BY_HOP)
-        response = web.StreamResponse(status=head.status, reason=head.reason or None, headers=headers)
+        response = web.StreamResponse(status=head.status, reason=head.reason or None,
+                                      headers=_forward_headers(head.headers))
         writer = await response.prepare(client) if client is not None else None
         transport = client.transport if client is not None else None
         chunked = writer is not None and getattr(writer, "chunked", False)
@@ -488,8 +488,8 @@ class Tap:
 
     async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
                      client: web.Request | None) -> web.StreamResponse:
-        headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP)
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                      headers=_forward_headers(upstream.headers))
         if client is not None:
             await response.prepare(client)
 
