@@ -59,6 +59,21 @@ def one(values: dict[tuple[tuple[str, str], ...], float], **labels: str) -> floa
     return matching[0]
 
 
+SERVER_COUNTERS = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
+                   "vllm:spec_decode_num_drafts_total")
+TAP_COUNTERS = ("specwatch_accepted_tokens_total", "specwatch_draft_tokens_total", "specwatch_spec_steps_total",
+                "specwatch_decode_steps_total")
+
+
+def wait_for_totals(prom: PrometheusServer, after: Snapshot, names: tuple[str, ...], selector: str = "") -> float:
+    """Until Prometheus's latest sample of every counter compared equals the settled snapshot; the newest scrape time.
+
+    Waiting on one counter is not enough: a last step whose drafts were all rejected moves the draft counters
+    after the accepted one has reached its final value, and a rule evaluated in between is off by that step.
+    """
+    return max(prom.wait_for_sum(name + selector, total(after, name)) for name in names)
+
+
 def run_load(tap: Service, data: Path, out: Path, *extra: str) -> None:
     code = cli.main(["load", "--target", tap.url, "--task", f"code={data / 'code.jsonl'}",
                      "--task", f"chat={data / 'chat.jsonl'}", "--ignore-eos", "--max-seconds", "240",
@@ -116,11 +131,8 @@ def test_recorded_acceptance_equals_exact_snapshot_differences_on_the_simulator(
     # every request reached a server through the tap, and the tap summed exactly what vLLM counted
     assert delta(tap_before, tap_after, "specwatch_spec_steps_total", variant="candidate") == \
         delta(server_before, server_after, "vllm:spec_decode_num_drafts_total")
-    last = max(
-        prom.wait_for_sum('vllm:spec_decode_num_accepted_tokens_total{variant="candidate"}',
-                     total(server_after, "vllm:spec_decode_num_accepted_tokens_total")),
-        prom.wait_for_sum("specwatch_accepted_tokens_total",
-                     total(tap_after, "specwatch_accepted_tokens_total")))
+    last = max(wait_for_totals(prom, server_after, SERVER_COUNTERS, '{variant="candidate"}'),
+               wait_for_totals(prom, tap_after, TAP_COUNTERS))
     prom.wait_evaluated(last, *(f"{r}:ratio_rate{w}" for w in ("1m", "5m") for r in (
         "variant_task:specwatch_acceptance_rate", "variant:vllm_spec_decode_acceptance_rate")))
     assert time.monotonic() - start < 55, "the load outlasted the 1m window; the fast rules cannot be compared"
@@ -142,19 +154,18 @@ def test_recorded_acceptance_equals_exact_snapshot_differences_on_the_simulator(
 def test_recorded_acceptance_equals_exact_snapshot_differences_on_the_real_server(
         ngram_server: VllmServer, service_factory: Callable[[str, list[str]], Service],
         prometheus_factory: Callable[[Targets], PrometheusServer], data: Path, tmp_path: Path) -> None:
+    # the shared server settles before Prometheus's first scrape, which opens the window the rules divide over
+    server_before = settled(ngram_server.url)
     tap = service_factory("exporter", ["--upstream", f"candidate={ngram_server.url}"])
     prom = prometheus_factory(Targets({"candidate": ngram_server.url}, (tap.url,)))
     prom.wait_until_up(2)
-    server_before, tap_before = settled(ngram_server.url), snapshot(tap.url)
+    tap_before = snapshot(tap.url)
     run_load(tap, data, tmp_path / "load", "--concurrency", "2", "--requests", "3", "--warmup", "0",
              "--max-tokens", "48")
     server_after, tap_after = settled(ngram_server.url), settled(tap.url)
     assert delta(tap_before, tap_after, "specwatch_spec_steps_total") == \
         delta(server_before, server_after, "vllm:spec_decode_num_drafts_total")
-    last = max(
-        prom.wait_for_sum("vllm:spec_decode_num_accepted_tokens_total",
-                     total(server_after, "vllm:spec_decode_num_accepted_tokens_total")),
-        prom.wait_for_sum("specwatch_accepted_tokens_total", total(tap_after, "specwatch_accepted_tokens_total")))
+    last = max(wait_for_totals(prom, server_after, SERVER_COUNTERS), wait_for_totals(prom, tap_after, TAP_COUNTERS))
     prom.wait_evaluated(last, "variant_task:specwatch_acceptance_rate:ratio_rate5m",
                    "variant:vllm_spec_decode_acceptance_rate:ratio_rate5m")
     check_server_side(prom, "candidate", server_before, server_after, "5m")
