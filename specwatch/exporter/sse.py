@@ -92,7 +92,8 @@ _KEY = rb'[A-Za-z_][A-Za-z0-9_]*'
 _ASCII = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*"'
 _INT = rb'-?(?:0|[1-9][0-9]*)'
 _SCALAR = rb'(?:' + _ASCII + rb'|' + _INT + rb'|null|true|false)'
-_TEXT = rb'"([^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*)"'
+_TEXT_BODY = rb'[^"\\\x00-\x1f]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*)*'
+_TEXT = rb'"(' + _TEXT_BODY + rb')"'
 _TOP = rb'"(?!choices"|usage")' + _KEY + rb'":' + _SCALAR
 _CHOICE_KEY = rb'"(?!delta"|text"|finish_reason")' + _KEY + rb'"'
 _PLAIN = re.compile(
@@ -115,15 +116,61 @@ def plain_text(data: bytes) -> bytes | None:
     if match is None:
         return None
     chat, completion = match.groups()
-    text: bytes = completion if chat is None else chat
+    return _decoded(completion if chat is None else chat)
+
+
+def _decoded(text: bytes) -> bytes | None:
+    """The UTF-8 bytes of a JSON string's body (as the pattern's text group matched it)."""
     if b"\\" in text:
         try:
             return str(json.loads(b'"' + text + b'"')).encode("utf-8", "surrogatepass")
         except ValueError:  # not UTF-8 besides the escapes: the full parse fails too
             return None
-    if not text.isascii():
-        try:
-            text.decode("utf-8", "surrogatepass")  # what json.loads accepts; else the full parse decides
-        except UnicodeDecodeError:
+    return text if _utf8(text) else None
+
+
+def _utf8(text: bytes) -> bool:
+    """What json.loads accepts as the bytes of a string without escapes; else the full parse decides."""
+    if text.isascii():
+        return True
+    try:
+        text.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+_STRING_BODY = re.compile(_TEXT_BODY)
+
+
+class PlainReader:
+    """`plain_text` for one stream, at a third of its cost per chunk.
+
+    vLLM writes every content chunk of a stream with the same bytes around its text (id, created, model,
+    index, the trailing nulls). Once the full pattern has matched a chunk, the bytes before and after its
+    text are kept; a later chunk that starts and ends with exactly those bytes, and whose text between is a
+    JSON string's body (the pattern's own text group), is the same match with another text: the
+    pattern has no back-references and none of its look-aheads reaches into the text. Anything else goes
+    to the full pattern, which learns the new surroundings (the role chunk, a change of shape).
+    """
+
+    __slots__ = ("prefix", "suffix", "least")
+
+    def __init__(self) -> None:
+        self.prefix: bytes | None = None
+        self.suffix = b""
+        self.least = 0
+
+    def text(self, data: bytes) -> bytes | None:
+        prefix = self.prefix
+        if prefix is not None and len(data) >= self.least and data.startswith(prefix) and data.endswith(self.suffix):
+            text = data[len(prefix):len(data) - len(self.suffix)]
+            if _STRING_BODY.fullmatch(text) is not None:
+                return _decoded(text)
+        match = _PLAIN.fullmatch(data)
+        if match is None:
             return None
-    return text
+        group = 1 if match.start(1) >= 0 else 2
+        self.prefix, self.suffix = data[:match.start(group)], data[match.end(group):]
+        self.least = len(self.prefix) + len(self.suffix)
+        return _decoded(match[group])

@@ -4,7 +4,7 @@ Streams are relayed event by event with the upstream's exact bytes. When a strea
 did not ask for usage, the tap asks the upstream for it (`stream_options.include_usage`),
 reads the usage chunk and removes it, and stamps the `system_fingerprint` vLLM would have
 put on the terminal chunks, so the client receives what it asked for. Ordinary content chunks are
-read by a byte pattern (`sse.plain_text`); only the chunks that matter (finish, usage / metrics,
+read by a byte pattern (`sse.PlainReader`); only the chunks that matter (finish, usage / metrics,
 anything unusual) are parsed in full. Faults never escape:
 an unreachable upstream becomes a 502 with an OpenAI-style error, a malformed answer is
 relayed and counted `bad_response`, a client that leaves cancels the upstream request.
@@ -34,7 +34,7 @@ from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.eventlog import EventLog
 from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.routing import VARIANT_HEADER, Router
-from specwatch.exporter.sse import Event, SseSplitter, plain_text
+from specwatch.exporter.sse import Event, PlainReader, SseSplitter
 from specwatch.exporter.upstream import Connection, Head, Pool, request_bytes
 
 log = logging.getLogger("specwatch.exporter")
@@ -139,6 +139,7 @@ class SseRelay:
     def __init__(self, plan: UpstreamRequest, record: RequestRecord, metrics: ExporterMetrics) -> None:
         self.plan, self.record, self.metrics = plan, record, metrics
         self.splitter = SseSplitter()
+        self.plain = PlainReader()  # the per-chunk fast path, learning this stream's chunk shape
         self.held: list[Event] = []  # terminal chunks waiting for the fingerprint of the stripped usage chunk
         self.fingerprint: str | None = None
         self.saw_done = False
@@ -151,7 +152,7 @@ class SseRelay:
         # goes the general way below.
         if (not self.saw_done and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2
                 and chunk.endswith(b"\n\n") and self.splitter.empty()):
-            text = plain_text(chunk[6:-2])
+            text = self.plain.text(chunk[6:-2])
             if text is not None:
                 if text:
                     self.record.saw_tokens(text, time.perf_counter(), self.metrics)
@@ -185,7 +186,7 @@ class SseRelay:
         data = event.data
         record, plan = self.record, self.plan
         if data is not None:
-            text = plain_text(data)  # the per-chunk fast path: an ordinary content delta
+            text = self.plain.text(data)  # the per-chunk fast path: an ordinary content delta
             if text is not None:
                 if text:
                     record.saw_tokens(text, now, self.metrics)
