@@ -303,3 +303,60 @@ def test_batched_gaps_end_as_if_each_gap_had_been_observed_and_show_within_a_sec
     assert samples(batched_registry) != samples(observed_registry)
     batch.flush(now + 2)  # what account() does at the end of the request
     assert samples(batched_registry) == pytest.approx(samples(observed_registry))
+
+
+def test_the_relay_pool_keeps_a_bounded_number_of_idle_connections_and_closes_stale_ones():
+    """A real keep-alive server on loopback: after a peak of 6 concurrent requests, at most `max_idle`
+    connections stay open, the most recent is reused, and once idle for `idle_seconds` all are closed."""
+    import asyncio
+
+    from specwatch.exporter.upstream import Pool
+
+    async def scenario() -> tuple[int, int, bool, int, int, int]:
+        open_now: set[asyncio.StreamWriter] = set()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            open_now.add(writer)
+            try:
+                while await reader.readuntil(b"\r\n\r\n"):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                open_now.discard(writer)
+                writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = Pool(idle_seconds=0.5, max_idle=3)
+
+        async def one() -> object:
+            conn, _ = await pool.acquire("127.0.0.1", port)
+            conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert conn.head is not None and conn.ended is not None
+            await conn.head
+            conn.attach(lambda _: None)
+            await conn.ended
+            return conn
+
+        conns = await asyncio.gather(*(one() for _ in range(6)))  # six at once: six connections
+        peak = len(open_now)
+        for conn in conns:
+            pool.release("127.0.0.1", port, conn)  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        after_peak, kept = len(open_now), pool.idle_count()
+        again, reused = await pool.acquire("127.0.0.1", port)
+        newest = again is conns[-1] and reused
+        pool.release("127.0.0.1", port, again)
+        await asyncio.sleep(1.5)  # past idle_seconds with no traffic: the sweep closes them
+        quiet, left = len(open_now), pool.idle_count()
+        pool.close()
+        server.close()
+        await server.wait_closed()
+        return peak, after_peak, newest, kept, quiet, left
+
+    peak, after_peak, newest, kept, quiet, left = asyncio.run(scenario())
+    assert peak == 6
+    assert (after_peak, kept) == (3, 3)  # the three oldest closed at once
+    assert newest  # the most recently used connection is the one reused
+    assert (quiet, left) == (0, 0)

@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 
 MAX_HEAD_BYTES = 64 * 1024
 IDLE_SECONDS = 15.0  # an idle connection older than this is closed, not reused (aiohttp's keep-alive default)
+MAX_IDLE_PER_UPSTREAM = 256  # idle connections kept per upstream beyond this are closed, the oldest first
 NO_BODY_STATUS = frozenset({204, 304})
 
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
@@ -283,11 +284,18 @@ class Connection(asyncio.Protocol):
 
 
 class Pool:
-    """Idle keep-alive connections per (host, port); a connection serves one request at a time."""
+    """Idle keep-alive connections per (host, port); a connection serves one request at a time.
 
-    def __init__(self, connect_timeout: float = 5.0) -> None:
-        self.connect_timeout = connect_timeout
-        self._idle: dict[tuple[str, int], list[Connection]] = {}
+    The most recently used connection is reused first. Idle connections are bounded: at most `max_idle`
+    per upstream (the oldest closed beyond), and none older than `idle_seconds` (a sweep closes them
+    while traffic is quiet), so a peak of a thousand streams does not leave a thousand sockets open.
+    """
+
+    def __init__(self, connect_timeout: float = 5.0, idle_seconds: float = IDLE_SECONDS,
+                 max_idle: int = MAX_IDLE_PER_UPSTREAM) -> None:
+        self.connect_timeout, self.idle_seconds, self.max_idle = connect_timeout, idle_seconds, max_idle
+        self._idle: dict[tuple[str, int], list[Connection]] = {}  # per upstream, oldest first
+        self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
 
     async def acquire(self, host: str, port: int) -> tuple[Connection, bool]:
@@ -296,7 +304,7 @@ class Pool:
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if conn.reusable and now - conn.idle_since < IDLE_SECONDS:
+            if conn.reusable and now - conn.idle_since < self.idle_seconds:
                 return conn, True
             conn.abort()
         loop = asyncio.get_running_loop()
@@ -305,13 +313,38 @@ class Pool:
         return conn, False
 
     def release(self, host: str, port: int, conn: Connection) -> None:
-        if conn.reusable and not self._closed:
-            self._idle.setdefault((host, port), []).append(conn)
-        else:
+        if not conn.reusable or self._closed:
             conn.abort()
+            return
+        idle = self._idle.setdefault((host, port), [])
+        idle.append(conn)
+        if len(idle) > self.max_idle:
+            idle.pop(0).abort()
+        if self._sweep is None:
+            self._sweep = conn.loop.call_later(self.idle_seconds, self._close_stale)
+
+    def idle_count(self) -> int:
+        return sum(len(conns) for conns in self._idle.values())
+
+    def _close_stale(self) -> None:
+        """Close the connections idle for `idle_seconds` or more; come back while any remain."""
+        self._sweep = None
+        now = time.monotonic()
+        soonest = None
+        for idle in self._idle.values():
+            while idle and (now - idle[0].idle_since >= self.idle_seconds or not idle[0].reusable):
+                idle.pop(0).abort()
+            if idle:
+                due = idle[0].idle_since + self.idle_seconds - now
+                soonest = due if soonest is None else min(soonest, due)
+        if soonest is not None and not self._closed:
+            self._sweep = asyncio.get_running_loop().call_later(max(soonest, 0.05), self._close_stale)
 
     def close(self) -> None:
         self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for conns in self._idle.values():
             for conn in conns:
                 conn.abort()
