@@ -22,7 +22,8 @@ from multidict import CIMultiDict
 
 MAX_HEAD_BYTES = 64 * 1024
 IDLE_SECONDS = 15.0  # an idle connection older than this is closed, not reused (aiohttp's keep-alive default)
-MAX_IDLE_PER_UPSTREAM = 256  # idle connections kept per upstream beyond this are closed, the oldest first
+MAX_IDLE_PER_UPSTREAM = 2048  # idle connections kept per upstream beyond this are closed, the oldest first (above
+# the concurrency one process serves: a lock-step peak must find its connections again)
 NO_BODY_STATUS = frozenset({204, 304})
 
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
