@@ -344,6 +344,24 @@ variants:
     assert "127.0.0.1" not in argv and "8000" not in argv and argv[-2:] == ["--max-num-seqs", "4"]
 
 
+def test_a_plan_above_16_streams_gets_a_batch_that_holds_them_unless_it_sets_its_own(tmp_path: Path) -> None:
+    """serve_argv caps the batch at 16; a performance pass at 32 would measure a queue, not a batch of 32."""
+    def last_max_num_seqs(text: str, variant: str = "baseline") -> str:
+        plan = parse_plan(text, tmp_path, Home(tmp_path / "home"))
+        argv = variant_args(plan, plan.variant(variant))
+        return argv[len(argv) - 1 - argv[::-1].index("--max-num-seqs") + 1]  # the last one wins
+
+    base = "model: m\ntasks: {code: article}\nperformance: {concurrencies: [1, 32]}\n"
+    assert last_max_num_seqs(base + "variants:\n  baseline: {}\n") == "32"
+    assert last_max_num_seqs(base.replace("[1, 32]", "[1, 8]") + "variants:\n  baseline: {}\n") == "16"
+    assert last_max_num_seqs(base + "server: {args: [--max-num-seqs, '24']}\nvariants:\n  baseline: {}\n") == "24"
+    assert last_max_num_seqs(base + "variants:\n  baseline: {}\n  ngram: {args: ['--max-num-seqs=8']}\n",
+                             "baseline") == "32"
+    plan = parse_plan(base + "variants:\n  baseline: {}\n  ngram: {args: ['--max-num-seqs=8']}\n", tmp_path,
+                      Home(tmp_path / "home"))
+    assert variant_args(plan, plan.variant("ngram"))[-1] == "--max-num-seqs=8"
+
+
 def test_the_example_plans_parse(tmp_path: Path) -> None:
     for name in ("cpu-study.yaml", "article-sim.yaml"):
         path = REPO / "examples" / "plans" / name

@@ -9,7 +9,7 @@ to the plan file.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -109,13 +109,19 @@ SWEEP_ARGS = ("--enable-per-request-metrics",)
 
 
 def sweep_args(server_args: tuple[str, ...], concurrencies: tuple[int, ...]) -> tuple[str, ...]:
-    """The sweep's own serve flags: per-request timing, and room for the largest concurrency in one batch.
+    """The sweep's own serve flags: per-request timing, and room for the largest concurrency in one batch."""
+    return (*SWEEP_ARGS, *batch_room(server_args, concurrencies))
 
-    serve_argv's common flags cap the batch at 16 sequences (`--max-num-seqs 16`); a cell above it
-    would measure queueing, not a larger batch. A plan's own `--max-num-seqs` in `server.args` wins."""
-    if any(a == "--max-num-seqs" or a.startswith("--max-num-seqs=") for a in server_args):
-        return SWEEP_ARGS
-    return (*SWEEP_ARGS, "--max-num-seqs", str(max(16, *concurrencies)))
+
+def batch_room(args: Sequence[str], concurrencies: Sequence[int]) -> tuple[str, ...]:
+    """`--max-num-seqs` for the largest concurrency, where serve_argv's common flags would cap the batch below it.
+
+    serve_argv caps the batch at 16 sequences (`--max-num-seqs 16`); a cell above it would measure queueing,
+    not a larger batch. Flags that set their own `--max-num-seqs` (the plan's or the variant's) win."""
+    if any(a == "--max-num-seqs" or a.startswith("--max-num-seqs=") for a in args):
+        return ()
+    largest = max(concurrencies, default=0)
+    return ("--max-num-seqs", str(largest)) if largest > 16 else ()
 
 
 @dataclass(frozen=True)
