@@ -40,8 +40,7 @@ class Router:
         return int.from_bytes(digest[:8], "big") / 2 ** 64 * 100  # same key, same bucket, same route
 
     def route(self, headers: Mapping[str, str]) -> str:
-        if self.shared is not None:
-            self.refresh()
+        self.refresh()
         pinned = headers.get(VARIANT_HEADER)
         if pinned is not None and pinned in self.cfg.upstreams:
             return pinned

@@ -9,6 +9,7 @@ point with the median as a bar, and the judge's effect with its interval against
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -29,6 +30,11 @@ def colours(run: RunResults, baseline: str | None = None) -> dict[str, str]:
     """The variant -> colour map every figure of one report uses (fixed by the plan's variant order)."""
     names = [v.name for v in run.variants]
     names += [n for n in (run.timeline or {}).get("variants", {}) if n not in names]
+    return colour_map(names, baseline)
+
+
+def colour_map(names: Sequence[str], baseline: str | None = None) -> dict[str, str]:
+    """The baseline's colour for `baseline`, the palette in order for the other names."""
     others = [n for n in names if n != baseline]
     out = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(others)}
     if baseline is not None:

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specwatch.report.plots import BASELINE_COLOUR, PALETTE  # noqa: E402
+from specwatch.report.plots import BASELINE_COLOUR, colour_map  # noqa: E402
 from specwatch.tune import fit  # noqa: E402
 from specwatch.tune.sweep import Sweep  # noqa: E402
 
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 def k_colours(ks: tuple[int, ...]) -> dict[int, str]:
     """The report's style: no speculation (k = 0) grey as a baseline, every k after it in the palette's order."""
-    return {k: BASELINE_COLOUR if k == 0 else PALETTE[(i - 1) % len(PALETTE)] for i, k in enumerate(sorted(ks))}
+    by_name = colour_map([str(k) for k in sorted(ks)], baseline="0")
+    return {k: by_name[str(k)] for k in ks}
 
 
 def _k(k: int) -> str:
