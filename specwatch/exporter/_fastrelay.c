@@ -47,7 +47,7 @@ typedef struct Stream {
     int nb;
     double gap_sum, last_ts, since, max_seconds;
     long long tokens;
-    int state, err;
+    int state, err, busy;
     long long dead_gen;
     Buf in, text, pending;
     Seg *segs;
@@ -55,7 +55,11 @@ typedef struct Stream {
     struct Stream *next;   /* done queue, or graveyard */
 } Stream;
 
+/* `lock` guards the stream states, the queues and the epoll set; the thread holds it only between streams,
+ * never across a read or a write, so the event loop's calls wait at most for one stream's processing
+ * (`busy`, signalled on `idle`). */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
 static int epfd = -1, donefd = -1;
 static pthread_t thread;
 static Stream *done_head = NULL, *done_tail = NULL, *graveyard = NULL;
@@ -246,17 +250,14 @@ static int take(Stream *s, double now) {
     return reason;
 }
 
-static void on_readable(Stream *s) {
+/* One readable stream, without the lock (the stream is `busy`): ACTIVE, or why it goes back. */
+static int on_readable(Stream *s) {
     char chunk[READ_SIZE];
     ssize_t r = read(s->up_fd, chunk, sizeof chunk);
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    if (r <= 0) {                   /* EOF or an error: left unread for Python, whose read sees it again */
-        hand_back(s, R_EOF);
-        return;
-    }
-    if (buf_add(&s->in, chunk, (size_t)r) < 0) { hand_back(s, R_UNUSUAL); return; }
-    int reason = take(s, now_s());
-    if (reason != ACTIVE) hand_back(s, reason);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ACTIVE;
+    if (r <= 0) return R_EOF;       /* EOF or an error: left unread for Python, whose read sees it again */
+    if (buf_add(&s->in, chunk, (size_t)r) < 0) return R_UNUSUAL;
+    return take(s, now_s());
 }
 
 static void *run(void *arg) {
@@ -269,7 +270,14 @@ static void *run(void *arg) {
         batch_no += 1;
         for (int i = 0; i < n; i++) {
             Stream *s = events[i].data.ptr;
-            if (s->state == ACTIVE) on_readable(s);
+            if (s->state != ACTIVE) continue;  /* taken back by the loop meanwhile */
+            s->busy = 1;
+            pthread_mutex_unlock(&lock);
+            int reason = on_readable(s);
+            pthread_mutex_lock(&lock);
+            s->busy = 0;
+            if (reason != ACTIVE) hand_back(s, reason);
+            pthread_cond_broadcast(&idle);
         }
         Stream **at = &graveyard;    /* streams cancelled two batches ago: no event can name them now */
         while (*at) {
@@ -292,6 +300,7 @@ static PyObject *py_init(PyObject *self, PyObject *args) {
         close(donefd);
         done_head = done_tail = graveyard = NULL;  /* the parent's streams, not ours (leaked, not freed) */
         pthread_mutex_init(&lock, NULL);
+        pthread_cond_init(&idle, NULL);
     }
     owner = getpid();
     epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -353,24 +362,28 @@ static PyObject *py_start(PyObject *self, PyObject *args) {
     return PyLong_FromVoidPtr(s);
 }
 
-/* cancel(handle) -> bool: True when the stream was still the thread's (now it is not, and it yields no
- * result); False when it had been handed back already (its result comes from done()). */
+static PyObject *result(Stream *s);
+
+/* cancel(handle) -> the stream's result when the thread still had it (it is the loop's again; reason
+ * CANCELLED), None when the thread had handed it back already (its result comes from done()). */
 static PyObject *py_cancel(PyObject *self, PyObject *arg) {
     (void)self;
     Stream *target = PyLong_AsVoidPtr(arg);
     if (!target && PyErr_Occurred()) return NULL;
-    int was_active = 0;
+    PyObject *out = NULL;
     pthread_mutex_lock(&lock);
+    while (target->busy) pthread_cond_wait(&idle, &lock);  /* at most one stream's read and write */
     if (target->state == ACTIVE) {
         epoll_ctl(epfd, EPOLL_CTL_DEL, target->up_fd, NULL);
         target->state = R_CANCELLED;
+        out = result(target);  /* the struct lives on in the graveyard until no event can name it */
         target->dead_gen = batch_no;
         target->next = graveyard;
         graveyard = target;
-        was_active = 1;
     }
     pthread_mutex_unlock(&lock);
-    return PyBool_FromLong(was_active);
+    if (out == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
 }
 
 static PyObject *result(Stream *s) {
@@ -416,7 +429,7 @@ static PyObject *py_done(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"init", py_init, METH_NOARGS, "Start the relay thread (once per process); returns the eventfd to watch."},
     {"start", py_start, METH_VARARGS, "Hand a stream to the relay thread; returns its handle."},
-    {"cancel", py_cancel, METH_O, "Take a stream back before the thread hands it back; True if it was active."},
+    {"cancel", py_cancel, METH_O, "Take a stream back before the thread hands it back: its result, or None."},
     {"done", py_done, METH_NOARGS, "The streams handed back since the last call."},
     {NULL, NULL, 0, NULL},
 };

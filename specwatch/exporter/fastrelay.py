@@ -25,7 +25,7 @@ except ImportError:  # not built (no compiler where the package was installed): 
 AVAILABLE = _fastrelay is not None
 
 # the reasons a stream comes back (`_fastrelay.c`)
-UNUSUAL, EOF, CLIENT, PARTIAL, FLUSH = 1, 2, 3, 4, 5
+UNUSUAL, EOF, CLIENT, PARTIAL, FLUSH, CANCELLED = 1, 2, 3, 4, 5, 6
 
 # (id, reason, errno, unread bytes, unsent bytes, [(text, plain)], ITL bucket counts, gap sum, last token, tokens)
 Result = tuple[int, int, int, bytes, bytes, list[tuple[bytes, bool]], tuple[int, ...], float, float, int]
@@ -55,16 +55,19 @@ class FastRelay:
             raise
         return ident, handle
 
-    def take_back(self, ident: int, handle: Any) -> bool:
-        """Before the thread hands it back (a timeout, a client gone): True when the thread still had it
-        (its counts since the hand-over are dropped); False when its result was waiting (applied now)."""
-        if ident not in self._waiting:
-            return False
-        if _fastrelay.cancel(handle):
-            del self._waiting[ident]
-            return True
-        self._drain()
-        return False
+    def take_back(self, ident: int, handle: Any) -> None:
+        """Now, before the thread hands it back (a timeout, the request ending otherwise): the stream's
+        callback runs here with what the thread counted so far (reason CANCELLED), or with the result the
+        thread had already queued."""
+        on_back = self._waiting.pop(ident, None)
+        if on_back is None:
+            return
+        result = _fastrelay.cancel(handle)
+        if result is None:  # handed back meanwhile: its result is queued
+            self._waiting[ident] = on_back
+            self._drain()
+        else:
+            on_back(result)
 
     def _drain(self) -> None:
         for result in _fastrelay.done():

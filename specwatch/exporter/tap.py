@@ -512,6 +512,8 @@ class Tap:
             assert transport is not None
             if not transport.is_closing():
                 transport.resume_reading()
+            if reason == fastrelay.CANCELLED:  # the request is ending (a timeout): no more bytes either way
+                return
             conn.resume()
             if unsent and not transport.is_closing():
                 transport.write(unsent)
@@ -565,12 +567,14 @@ class Tap:
         except _ClientGone:
             record.outcome = "client_abort"
         except (TimeoutError, OSError):
-            record.outcome = "upstream_error"  # the upstream broke off mid-response; the client sees the cut
+            record.outcome = "upstream_error"  # the upstream broke off mid-response, or hung past the deadline
+            if owned and fast is not None:
+                fast.take_back(*owned)
+            if transport is not None:
+                transport.abort()  # the client sees the cut (no end of the chunked body), not a complete answer
         finally:
-            if owned and fast is not None and fast.take_back(*owned):  # the thread had it: ours again, unread
-                owned.clear()
-                if transport is not None and not transport.is_closing():
-                    transport.resume_reading()
+            if owned and fast is not None:  # the thread still had it: its counts, then ours again
+                fast.take_back(*owned)
         return response, False
 
     async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
@@ -602,7 +606,9 @@ class Tap:
         except _ClientGone:
             record.outcome = "client_abort"  # leaving the upstream context below cancels its request
         except (TimeoutError, aiohttp.ClientError):
-            record.outcome = "upstream_error"  # the upstream broke off mid-response; the client sees the cut
+            record.outcome = "upstream_error"  # the upstream broke off mid-response, or hung past the deadline
+            if client is not None and client.transport is not None:
+                client.transport.abort()  # the client sees the cut (no end of the chunked body)
         return response
 
     async def _relay_body(self, upstream: aiohttp.ClientResponse, record: RequestRecord, send: Any) -> bytes:
