@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml specwatch/exporter/_fastrelay.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $@
@@ -62,4 +62,4 @@ bench: setup                ## benchmarks (not timed tests): results under bench
 	$(BIN)/python bench/bench_sim_streams.py --streams 64 --tokens 128
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build specwatch/exporter/*.so

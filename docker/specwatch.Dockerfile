@@ -15,6 +15,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_FIND_LINKS=/tmp/build-inputs/wheels
+# gcc builds the exporter's compiled relay (specwatch/exporter/_fastrelay.c) against the Python headers;
+# in the build stage only: the final stage gets the built module in the venv.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && { python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+      || apt-get install -y --no-install-recommends python3-dev; } \
+ && rm -rf /var/lib/apt/lists/*
 COPY docker/build-inputs/ /tmp/build-inputs/
 WORKDIR /opt/specwatch
 # The pinned dependencies first, so a source edit does not reinstall them.
@@ -28,6 +35,7 @@ COPY README.md ./
 COPY specwatch/ specwatch/
 RUN . /tmp/build-inputs/pip-env.sh \
  && venv/bin/pip install --no-deps . \
+ && venv/bin/python -c "from specwatch.exporter import fastrelay; assert fastrelay.AVAILABLE, 'the compiled relay was not built'" \
  && venv/bin/specwatch workloads --out data/en --lang en \
  && venv/bin/specwatch workloads --out data/zh --lang zh \
  && rm -rf specwatch README.md pyproject.toml

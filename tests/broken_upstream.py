@@ -4,6 +4,7 @@ Non-streaming chat answers 200 with invalid JSON; streaming chat answers an SSE 
 second event is not JSON and which never sends [DONE]; /health is fine; POST /v1/echo-headers
 answers the request headers it received. POST /v1/completions answers well-formed (a stream with usage
 and [DONE], or a JSON body) and then holds the connection open a second before it ends the response.
+A streaming chat request with `"stall": N` sends N content chunks and then hangs for 5 s.
 A streaming chat request with `"flood": N` answers N bytes of ordinary content events as fast as the
 reader takes them (then the usage chunk and [DONE]); GET /v1/flood-progress says how many bytes it has
 handed to its transport so far, and whether the reader left.
@@ -49,6 +50,25 @@ async def flood(request: web.Request, total: int) -> web.StreamResponse:
     return resp
 
 
+async def stall(request: web.Request, chunks: int) -> web.StreamResponse:
+    """The role chunk and `chunks` ordinary content chunks 20 ms apart (as vLLM writes them), then nothing for
+    five seconds: an upstream that hangs mid-stream, past the deadline the test gives the tap."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+    await resp.prepare(request)
+
+    def event(delta: dict) -> bytes:
+        return b"data: " + json.dumps({"id": "s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                       "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                    "finish_reason": None}]}, separators=(",", ":")).encode() + b"\n\n"
+
+    await resp.write(event({"role": "assistant", "content": ""}))
+    for i in range(chunks):
+        await resp.write(event({"content": f" word{i}"}))
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(5)
+    return resp
+
+
 async def flood_progress(request: web.Request) -> web.Response:
     return web.json_response(FLOOD)
 
@@ -57,6 +77,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     if body.get("stream") and isinstance(body.get("flood"), int):
         return await flood(request, body["flood"])
+    if body.get("stream") and isinstance(body.get("stall"), int):
+        return await stall(request, body["stall"])
     if not body.get("stream"):
         return web.Response(body=b'{"id": "x", "choices": [', content_type="application/json")
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})

@@ -269,6 +269,8 @@ def test_a_labelled_load_through_locust_is_counted_exactly_on_both_sides(stack: 
     assert sum(finished.values()) == sent, (finished, sent)
     assert total(after, "specwatch_requests_total") - total(before, "specwatch_requests_total") == sent
     assert min(finished.values()) > 0, finished
+    # the image's exporter relayed ordinary content chunks over its compiled relay thread (built in the image)
+    assert total(after, "specwatch_fast_relay_chunks_total") > total(before, "specwatch_fast_relay_chunks_total")
     # the exporter's sums of the per-request fields equal the servers' counter deltas, variant by variant
     for vllm_name, (name, labels) in PAIRS.items():
         for variant in ("baseline", "candidate"):

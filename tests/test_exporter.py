@@ -243,7 +243,10 @@ def test_a_client_that_has_its_answer_finds_it_counted_and_logged(service_factor
                 assert len(events.read_text().splitlines()) == n
 
 
-def test_client_disconnect_mid_stream_cancels_upstream(tap, upstream):
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-relay", "python-relay"])
+def test_client_disconnect_mid_stream_cancels_upstream(service_factory, upstream, fast):
+    tap = service_factory("exporter", ["--upstream", f"baseline={upstream.url}",
+                                       *(() if fast else ("--no-fast-relay",))])
     aborted_before = value(upstream.url, "vllm:request_success_total", finished_reason="abort")
     body = json.dumps({"model": "spec-demo", "messages": [{"role": "user", "content": article_rows("chat")[0].prompt}],
                        "max_tokens": 3000, "ignore_eos": True, "stream": True}).encode()
@@ -262,16 +265,20 @@ def test_client_disconnect_mid_stream_cancels_upstream(tap, upstream):
                                                  finished_reason="abort") <= aborted_before:
         time.sleep(0.1)
     assert value(upstream.url, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1
+    # the relay thread had the stream when the client left (its chunks are counted when it hands them back)
+    assert (value(tap.url, "specwatch_fast_relay_chunks_total") > 0) == fast
 
 
-def test_a_client_that_stops_reading_stops_the_upstream_read_and_the_tap_buffers_a_bounded_amount(service_factory):
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-relay", "python-relay"])
+def test_a_client_that_stops_reading_stops_the_upstream_read_and_the_tap_buffers_a_bounded_amount(
+        service_factory, fast):
     """Backpressure through the relay: the tap stops reading the upstream while the client does not read,
     so what it holds is bounded by its write high-water mark and the sockets' buffers, not the answer's size."""
     flood = 400 * 1024 * 1024
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
                        "flood": flood}).encode()
     with broken_upstream() as url:
-        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}", *(() if fast else ("--no-fast-relay",))])
 
         def progress() -> dict:
             return requests.get(url + "/v1/flood-progress", timeout=5).json()
@@ -304,6 +311,30 @@ def test_a_client_that_stops_reading_stops_the_upstream_read_and_the_tap_buffers
     while time.monotonic() < deadline and value(tap.url, "specwatch_requests_total", outcome="ok") < 1:
         time.sleep(0.1)
     assert value(tap.url, "specwatch_requests_total", outcome="ok") == 1
+    assert (value(tap.url, "specwatch_fast_relay_chunks_total") > 0) == fast
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-relay", "python-relay"])
+def test_an_upstream_that_hangs_mid_stream_is_cut_at_the_deadline_and_its_chunks_counted(
+        service_factory, tmp_path, fast):
+    """The tap's deadline while the relay thread holds the stream: taken back with what it relayed."""
+    config = tmp_path / "exporter.yaml"
+    config.write_text("upstream_timeout_seconds: 2\n")
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True, "stall": 12}
+    with broken_upstream() as url:
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}", "--config.file", str(config),
+                                           *(() if fast else ("--no-fast-relay",))])
+        started = time.monotonic()
+        received = b""
+        with pytest.raises(requests.exceptions.ChunkedEncodingError):
+            with requests.post(tap.url + "/v1/chat/completions", json=body, stream=True, timeout=30) as resp:
+                for piece in resp.iter_content(None):
+                    received += piece
+        assert 1.5 < time.monotonic() - started < 10
+        assert received.count(b'"content":" word') == 12  # every chunk before the hang reached the client
+        assert value(tap.url, "specwatch_requests_total", outcome="upstream_error") == 1
+        assert value(tap.url, "specwatch_itl_seconds_count") == 11  # the gaps between the 12 content chunks
+        assert (value(tap.url, "specwatch_fast_relay_chunks_total") > 0) == fast
 
 
 def test_split_is_sticky_and_a_variant_can_be_pinned(service_factory, upstream, sim_factory):

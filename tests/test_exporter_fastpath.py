@@ -15,6 +15,7 @@ import pytest
 import requests
 from aiohttp import web
 
+from specwatch.exporter import fastrelay
 from specwatch.exporter.accounting import utf8
 from specwatch.exporter.sse import PlainReader, SseSplitter, _data, plain_text
 from specwatch.exporter.tap import _stamp_fingerprint
@@ -255,16 +256,21 @@ def tricky_stream() -> tuple[bytes, list[str], dict[str, Any]]:
     return b"".join(out), text, final
 
 
-@pytest.fixture(scope="module")
-def scripted() -> Iterator[tuple[str, bytes]]:
+@pytest.fixture(scope="module", params=["odd-pieces", "event-per-chunk"])
+def scripted(request: pytest.FixtureRequest) -> Iterator[tuple[str, bytes, bool]]:
     body, _, _ = tricky_stream()
+    by_event = request.param == "event-per-chunk"
 
     async def chat(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
         rng = random.Random(len(await request.read()))
+        if by_event:  # as vLLM writes: one event per HTTP chunk, a few ms apart
+            for event in SseSplitter().feed(body):
+                await resp.write(event.raw)
+                await asyncio.sleep(0.002)
         at = 0
-        while at < len(body):  # odd pieces, some across event boundaries, some with a pause
+        while at < len(body) and not by_event:  # odd pieces, some across event boundaries, some with a pause
             size = rng.choice((1, 5, 37, 200, 700))
             await resp.write(body[at:at + size])
             at += size
@@ -286,18 +292,21 @@ def scripted() -> Iterator[tuple[str, bytes]]:
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{port}", body
+    yield f"http://127.0.0.1:{port}", body, by_event
     asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-relay", "python-relay"])
 def test_tricky_content_over_http_is_relayed_byte_identical_and_counted_exactly(
-        service_factory: Callable[[str, list[str]], Service], scripted: tuple[str, bytes], tmp_path: Path) -> None:
-    url, body = scripted
+        service_factory: Callable[[str, list[str]], Service], scripted: tuple[str, bytes, bool], tmp_path: Path,
+        fast: bool) -> None:
+    url, body, by_event = scripted
     _, pieces, final = tricky_stream()
     log = tmp_path / "events.jsonl"
-    tap = service_factory("exporter", ["--upstream", f"baseline={url}", "--event-log", str(log)])
+    tap = service_factory("exporter", ["--upstream", f"baseline={url}", "--event-log", str(log),
+                                       *(() if fast else ("--no-fast-relay",))])
     request = {"model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True}
     asked = requests.post(tap.url + "/v1/chat/completions", timeout=30, headers={"X-Specwatch-Task": "code"},
                           json={**request, "stream_options": {"include_usage": True}})
@@ -324,3 +333,10 @@ def test_tricky_content_over_http_is_relayed_byte_identical_and_counted_exactly(
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["output_sha256"] for line in lines] == [hashlib.sha256("".join(pieces).encode()).hexdigest()] * 2
     assert [line["finish_reasons"] for line in lines] == [["length"], ["length"]]
+    # one event per HTTP chunk (vLLM's way) is what the relay thread takes: most content chunks go through it
+    by_thread = value(tap.url, "specwatch_fast_relay_chunks_total")
+    if fast and by_event:
+        assert fastrelay.AVAILABLE, "the compiled relay is not built (specwatch/exporter/_fastrelay.c)"
+        assert by_thread >= token_chunks, (by_thread, token_chunks)  # of two requests' chunks, at least one's
+    elif not fast:
+        assert by_thread == 0

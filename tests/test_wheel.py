@@ -52,7 +52,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) 
     src.mkdir()
     for name in BUILD_INPUTS:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         else:
             shutil.copy2(ROOT / name, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
@@ -172,3 +172,13 @@ def test_the_installed_exporter_serves_health_and_metrics(exporter: str) -> None
     requests_family = families["specwatch_requests"]
     assert {s.labels["variant"] for s in requests_family.samples} == {"baseline"}
     assert all(s.value == 0 for s in requests_family.samples)
+
+
+def test_the_wheel_carries_the_compiled_relay(venv: Path, tmp_path: Path) -> None:
+    """Built from the C source by the wheel's own build (not copied from the checkout): the exporter uses it."""
+    code = ("import json; from specwatch.exporter import fastrelay; "
+            "print(json.dumps([fastrelay.AVAILABLE, fastrelay._fastrelay.__file__]))")
+    found = installed(venv, code, tmp_path)
+    assert isinstance(found, list) and len(found) == 2, found
+    available, path = found
+    assert available and str(path).startswith(str(venv)) and str(path).endswith(".abi3.so"), path

@@ -64,6 +64,7 @@ class ExporterConfig:
     event_log_max_bytes: int = 64 * 1024 * 1024
     admin_token_env: str | None = None  # the environment variable holding the admin bearer token; None: no admin
     workers: int = 1  # processes serving the listen address (`specwatch.exporter.workers`); 1: this process alone
+    fast_relay: bool = True  # ordinary content chunks over the compiled relay thread where it is built
 
     @property
     def default_variant(self) -> str:
@@ -243,4 +244,5 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
         upstream_timeout_seconds=float(doc.number("upstream_timeout_seconds", 600.0)),
         event_log=Path(event_log) if event_log else None,
         event_log_max_bytes=int(doc.number("event_log_max_bytes", 64 * 1024 * 1024, integer=True)),
-        admin_token_env=str(admin_token_env) if admin_token_env else None, workers=workers)
+        admin_token_env=str(admin_token_env) if admin_token_env else None, workers=workers,
+        fast_relay=not flags.get("no_fast_relay"))

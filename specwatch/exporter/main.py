@@ -50,6 +50,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--event-log", type=Path, help="per-request JSONL event log (size-bounded)")
     p.add_argument("--admin-token-env", metavar="NAME",
                    help="enable POST /admin/weights and /admin/verdict, bearer token read from $NAME")
+    p.add_argument("--no-fast-relay", action="store_true",
+                   help="relay every chunk in Python, not over the compiled relay thread (same bytes and counts)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="N processes serve the listen address, /metrics sums them (default 1: this process)")
     return p
@@ -156,7 +158,7 @@ def main(argv: Sequence[str]) -> int:
         cfg = config_mod.load({"upstream": args.upstream, "split": args.split, "mirror": args.mirror,
                                "sticky_header": args.sticky_header, "listen": args.listen,
                                "event_log": args.event_log, "admin_token_env": args.admin_token_env,
-                               "workers": args.workers},
+                               "workers": args.workers, "no_fast_relay": args.no_fast_relay},
                               args.config_file)
     except ConfigError as exc:
         print(f"specwatch exporter: {exc}", file=sys.stderr)

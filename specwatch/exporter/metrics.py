@@ -105,6 +105,9 @@ class ExporterMetrics:
                                     ["task", "verdict"], registry=registry, multiprocess_mode="mostrecent")
         self.canary_score = Gauge("specwatch_canary_score", "The last canary score pushed for the task, 0..100.",
                                   ["task"], registry=registry, multiprocess_mode="mostrecent")
+        self.fast_relay_chunks = Counter("specwatch_fast_relay_chunks",
+                                         "Content chunks relayed by the compiled relay thread (the rest: in Python).",
+                                         registry=registry)
         self._positions: dict[tuple[str, str, int], tuple[list[Any], list[Any]]] = {}
         self._children: dict[tuple[str, str], Children] = {}
         for task in cfg.task_labels:  # all 0 until a canary pushes a verdict

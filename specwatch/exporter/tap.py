@@ -28,13 +28,15 @@ from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from specwatch.exporter.accounting import RequestRecord, account, utf8
+from specwatch.exporter import fastrelay
+from specwatch.exporter.accounting import ITL_FLUSH_SECONDS, Gaps, RequestRecord, account, utf8
 from specwatch.exporter.classify import TASK_HEADER, classify
 from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.eventlog import EventLog
+from specwatch.exporter.fastrelay import FastRelay
 from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.routing import VARIANT_HEADER, Router
-from specwatch.exporter.sse import Event, PlainReader, SseSplitter
+from specwatch.exporter.sse import Event, PlainReader, SseSplitter, _decoded
 from specwatch.exporter.upstream import Connection, Head, Pool, request_bytes
 
 log = logging.getLogger("specwatch.exporter")
@@ -90,6 +92,11 @@ def _plain_http(url: str) -> tuple[str, int, str] | None:
 def error_response(status: int, message: str, err_type: str) -> web.Response:
     body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
     return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
+
+
+def _fileno(transport: asyncio.BaseTransport) -> int:
+    sock = transport.get_extra_info("socket")
+    return sock.fileno() if sock is not None else -1
 
 
 def _forward_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
@@ -267,6 +274,7 @@ class Tap:
         # request ids for requests without X-Request-Id: a random prefix per process and a counter (16 hex
         # digits as before; no getrandom syscall per request)
         self._id_prefix, self._ids = secrets.token_hex(4), itertools.count()
+        self.fast: FastRelay | None = None  # the compiled relay thread, where built and enabled (`start`)
 
     def _new_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids) & 0xFFFFFFFF:08x}"
@@ -275,6 +283,8 @@ class Tap:
         timeout = aiohttp.ClientTimeout(total=self.cfg.upstream_timeout_seconds, sock_connect=5)
         self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
                                              connector=aiohttp.TCPConnector(limit=0))
+        if self.cfg.fast_relay and fastrelay.AVAILABLE:
+            self.fast = FastRelay(asyncio.get_running_loop(), ITL_FLUSH_SECONDS)
 
     async def close(self) -> None:
         for task in list(self._background):
@@ -282,6 +292,8 @@ class Tap:
         if self.session is not None:
             await self.session.close()
         self.pool.close()
+        if self.fast is not None:
+            self.fast.close()
 
     # -- the handler ---------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -445,12 +457,83 @@ class Tap:
                 conn.pause()
                 state.wake()
 
+        fast = self.fast if chunked and isinstance(relay, SseRelay) else None
+        owned: list[Any] = []  # (id, handle) while the relay thread has the stream
+
+        def hand_over() -> None:
+            """To the relay thread, where the stream is between ordinary content chunks and nothing waits."""
+            assert fast is not None and transport is not None and isinstance(relay, SseRelay)
+            prefix = relay.plain.prefix
+            if (prefix is None or not headers_sent or state.paused or state.gone or relay.saw_done or relay.held
+                    or not relay.splitter.empty() or not conn.between_chunks() or record.last_token is None
+                    or transport.get_write_buffer_size() or transport.is_closing()):
+                return
+            up_fd, client_fd = conn.fileno(), _fileno(transport)
+            if up_fd < 0 or client_fd < 0:
+                return
+            gaps = record.gaps
+            if gaps is None:
+                gaps = record.gaps = Gaps(self.metrics.of(record.variant, record.task).itl, record.last_token)
+            conn.pause()
+            transport.pause_reading()
+            owned[:] = fast.start(up_fd, client_fd, prefix, relay.plain.suffix, tuple(gaps.bounds),
+                                  record.last_token, taken_back)
+
+        def taken_back(result: fastrelay.Result) -> None:
+            owned.clear()
+            try:
+                resume(result)
+            except Exception:  # never leave the stream waiting: it ends as a cut one
+                log.exception("fast relay: taking a stream back failed")
+                state.gone = True
+                conn.abort()
+            state.wake()
+
+        def resume(result: fastrelay.Result) -> None:
+            _, reason, _, unread, unsent, segments, counts, gap_sum, last_token, tokens = result
+            for text, plain in segments:  # the thread checked each body as the pattern's text group
+                decoded = text if plain else _decoded(text)
+                if decoded is None:
+                    record.outcome = "bad_response"
+                else:
+                    record.output.update(decoded)
+            if tokens:
+                self.metrics.fast_relay_chunks.inc(tokens)
+            gaps = record.gaps
+            if tokens and gaps is not None:
+                for i, n in enumerate(counts):
+                    if n:
+                        gaps.counts[i] += n
+                gaps.total += gap_sum
+                record.last_token = last_token
+                now = time.perf_counter()
+                if now >= gaps.flush_at:
+                    gaps.flush(now)
+            assert transport is not None
+            if not transport.is_closing():
+                transport.resume_reading()
+            if reason == fastrelay.CANCELLED:  # the request is ending (a timeout): no more bytes either way
+                return
+            conn.resume()
+            if unsent and not transport.is_closing():
+                transport.write(unsent)
+            if reason == fastrelay.CLIENT or transport.is_closing():
+                state.gone = True
+                conn.pause()
+            elif transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                state.paused = True
+                conn.pause()
+            elif unread:
+                conn.data_received(unread)  # as if just read: the rest of the stream goes on in Python
+
         def sink(chunk: bytes) -> None:
             if state.gone:
                 return
             out = relay.feed(chunk)
             if out:
                 deliver(out)
+                if fast is not None and not owned:
+                    hand_over()
 
         ended = conn.ended
         assert ended is not None
@@ -484,7 +567,14 @@ class Tap:
         except _ClientGone:
             record.outcome = "client_abort"
         except (TimeoutError, OSError):
-            record.outcome = "upstream_error"  # the upstream broke off mid-response; the client sees the cut
+            record.outcome = "upstream_error"  # the upstream broke off mid-response, or hung past the deadline
+            if owned and fast is not None:
+                fast.take_back(*owned)
+            if transport is not None:
+                transport.abort()  # the client sees the cut (no end of the chunked body), not a complete answer
+        finally:
+            if owned and fast is not None:  # the thread still had it: its counts, then ours again
+                fast.take_back(*owned)
         return response, False
 
     async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
@@ -516,7 +606,9 @@ class Tap:
         except _ClientGone:
             record.outcome = "client_abort"  # leaving the upstream context below cancels its request
         except (TimeoutError, aiohttp.ClientError):
-            record.outcome = "upstream_error"  # the upstream broke off mid-response; the client sees the cut
+            record.outcome = "upstream_error"  # the upstream broke off mid-response, or hung past the deadline
+            if client is not None and client.transport is not None:
+                client.transport.abort()  # the client sees the cut (no end of the chunked body)
         return response
 
     async def _relay_body(self, upstream: aiohttp.ClientResponse, record: RequestRecord, send: Any) -> bytes:

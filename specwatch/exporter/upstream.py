@@ -126,6 +126,14 @@ class Connection(asyncio.Protocol):
         for piece in pending:
             sink(piece)
 
+    def between_chunks(self) -> bool:
+        """The response is chunked and the next byte starts a chunk's size line: nothing is held back."""
+        return self._state == _CHUNK_SIZE and not self._buf and not self._pending and self._sink is not None
+
+    def fileno(self) -> int:
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        return sock.fileno() if sock is not None else -1
+
     def pause(self) -> None:
         if self.transport is not None:
             self.transport.pause_reading()

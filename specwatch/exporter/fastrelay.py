@@ -1,0 +1,79 @@
+"""The compiled byte path for ordinary content chunks (`_fastrelay.c`): one relay thread per process.
+
+Once a stream's headers are out and the tap has learned the shape of its content chunks
+(`sse.PlainReader`), the tap hands the stream to the relay thread: it stops reading both sockets in
+the event loop, and the thread reads the upstream, writes every ordinary content chunk to the client
+re-framed, and counts what the tap accounts (the text for the output hash, the inter-token gaps per
+ITL bucket, the last token's time). At the first chunk that is not ordinary (finish, usage, [DONE],
+the end of the body), at a short write, an error, or after `max_seconds`, it hands the stream back:
+the tap applies the counts, resumes reading and feeds it the unread bytes. Where the extension is not
+built, `AVAILABLE` is False and the tap relays every chunk itself, with the same result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from specwatch.exporter import _fastrelay  # type: ignore[attr-defined]
+except ImportError:  # not built (no compiler where the package was installed): the Python relay does it all
+    _fastrelay = None
+
+AVAILABLE = _fastrelay is not None
+
+# the reasons a stream comes back (`_fastrelay.c`)
+UNUSUAL, EOF, CLIENT, PARTIAL, FLUSH, CANCELLED = 1, 2, 3, 4, 5, 6
+
+# (id, reason, errno, unread bytes, unsent bytes, [(text, plain)], ITL bucket counts, gap sum, last token, tokens)
+Result = tuple[int, int, int, bytes, bytes, list[tuple[bytes, bool]], tuple[int, ...], float, float, int]
+
+
+class FastRelay:
+    """The relay thread as the event loop sees it: hand a stream over, get it back by callback."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_seconds: float) -> None:
+        assert _fastrelay is not None
+        self.loop, self.max_seconds = loop, max_seconds
+        self.fd: int = _fastrelay.init()
+        self._waiting: dict[int, Callable[[Result], None]] = {}
+        self._ids = itertools.count()
+        loop.add_reader(self.fd, self._drain)
+
+    def start(self, up_fd: int, client_fd: int, prefix: bytes, suffix: bytes, bounds: tuple[float, ...],
+              last_token: float, on_back: Callable[[Result], None]) -> tuple[int, Any]:
+        """The thread reads `up_fd` from now on; `on_back` runs in the loop when it hands the stream back."""
+        ident = next(self._ids)
+        self._waiting[ident] = on_back
+        try:
+            handle = _fastrelay.start(ident, up_fd, client_fd, prefix, suffix, bounds, last_token,
+                                      self.max_seconds)
+        except BaseException:
+            del self._waiting[ident]
+            raise
+        return ident, handle
+
+    def take_back(self, ident: int, handle: Any) -> None:
+        """Now, before the thread hands it back (a timeout, the request ending otherwise): the stream's
+        callback runs here with what the thread counted so far (reason CANCELLED), or with the result the
+        thread had already queued."""
+        on_back = self._waiting.pop(ident, None)
+        if on_back is None:
+            return
+        result = _fastrelay.cancel(handle)
+        if result is None:  # handed back meanwhile: its result is queued
+            self._waiting[ident] = on_back
+            self._drain()
+        else:
+            on_back(result)
+
+    def _drain(self) -> None:
+        for result in _fastrelay.done():
+            on_back = self._waiting.pop(result[0], None)
+            if on_back is not None:
+                on_back(result)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
