@@ -3,7 +3,8 @@
 #   DEST/whl/     wheels for CPython 3.12 manylinux x86-64: aiohttp and its needs, prometheus_client, uvloop,
 #                 pyyaml, at the versions pyproject.toml pins (the needs at this venv's versions)
 #   DEST/deb/     Debian's nginx + nginx-common (apt-get download, this host's Debian release)
-#   DEST/src/     this checkout's `specwatch` package and COMMIT (the commit, "+dirty" with local changes)
+#   DEST/src/     this checkout's `specwatch` package and COMMIT (the commit, "+dirty" with local changes),
+#                 with the compiled relay as `make setup` built it (src-ref, from git archive, has none)
 #   DEST/perf/    this checkout's bench/perf (the harness travels with the code: run DEST/perf/run_pinned.sh
 #                 there, whichever checkout the device call sends)
 #   DEST/src-ref/ with --ref REV: the `specwatch` package at REV (git archive), measured beside it as
@@ -34,6 +35,13 @@ for dep in multidict yarl frozenlist aiosignal attrs propcache aiohappyeyeballs 
   -d "$DEST/whl" "${WANT[@]}"
 (cd "$DEST/deb" && apt-get download nginx nginx-common >/dev/null)
 cp -r "$ROOT/specwatch" "$DEST/src/"
+# the compiled relay travels as built here by `make setup` (abi3; needs glibc >= 2.34 there); without it the
+# exporter there relays in Python, so say which one goes
+if ls "$DEST"/src/specwatch/exporter/_fastrelay*.so >/dev/null 2>&1; then
+  echo "assemble_devperf: src carries the compiled relay ($(basename "$DEST"/src/specwatch/exporter/_fastrelay*.so))"
+else
+  echo "assemble_devperf: src has no compiled relay (run make setup first): the exporter there relays in Python" >&2
+fi
 cp "$ROOT"/bench/perf/*.py "$ROOT"/bench/perf/*.sh "$DEST/perf/"
 find "$DEST/src" -name __pycache__ -prune -exec rm -rf {} +
 commit=$(git -C "$ROOT" rev-parse HEAD)
