@@ -520,11 +520,12 @@ class Tap:
             if reason == fastrelay.CLIENT or transport.is_closing():
                 state.gone = True
                 conn.pause()
-            elif transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                return
+            if unread:  # as if just read (a slow client too: bounded by one read): the rest goes on in Python
+                conn.data_received(unread)
+            if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 state.paused = True
                 conn.pause()
-            elif unread:
-                conn.data_received(unread)  # as if just read: the rest of the stream goes on in Python
 
         def sink(chunk: bytes) -> None:
             if state.gone:
