@@ -35,7 +35,7 @@ COPY README.md ./
 COPY specwatch/ specwatch/
 RUN . /tmp/build-inputs/pip-env.sh \
  && venv/bin/pip install --no-deps . \
- && venv/bin/python -c "from specwatch.exporter import fastrelay; assert fastrelay.AVAILABLE, 'the compiled relay was not built'" \
+ && venv/bin/python -P -c "from specwatch.exporter import fastrelay; assert fastrelay.AVAILABLE, 'the compiled relay was not built'" \
  && venv/bin/specwatch workloads --out data/en --lang en \
  && venv/bin/specwatch workloads --out data/zh --lang zh \
  && rm -rf specwatch README.md pyproject.toml

@@ -241,7 +241,12 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     rows = got["proof"]
     assert isinstance(rows, list) and {r["concurrency"] for r in rows} == {1, 64}
     at64 = [r for r in rows if r["concurrency"] == 64]
-    assert all(r["drafts_per_step"] <= r["table_k"] + 0.5 for r in at64), at64  # the server followed the table
+    # the server followed the table: where it gives less than the static k = 12, the dynamic cell drafted well
+    # under 12 per step (a server ignoring it drafts exactly 12). Not "at most the table's k at 64": the batch
+    # wanders below 64 while users start and the last round drains, and smaller batches get the table's larger k
+    # (CI saw 4.39 drafts per step where the table gave k = 0 from some batch size up to 64)
+    assert all(r["drafts_per_step"] < 12 - 0.5 for r in at64 if r["table_k"] < 12), at64
+    assert any(r["table_k"] < 12 for r in at64), at64
     assert all(r["n_dynamic"] >= 20 for r in rows)
     # at batch 64 the table's k = 4 beats the fixed k = 12 a user would pick at concurrency 1, over the mix (by about
     # a third on the model; one cell to the next moves by up to a third on a busy 2-core machine: the estimate only)
