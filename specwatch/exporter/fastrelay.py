@@ -32,7 +32,10 @@ Result = tuple[int, int, int, bytes, bytes, list[tuple[bytes, bool]], tuple[int,
 
 
 class FastRelay:
-    """The relay thread as the event loop sees it: hand a stream over, get it back by callback."""
+    """The relay thread as the event loop sees it: hand a stream over, get it back by callback.
+
+    One per process (the exporter's one loop; each `--workers` process has its own thread): the thread's
+    queue of handed-back streams is the process's, so a second instance would drain the first one's."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_seconds: float) -> None:
         assert _fastrelay is not None
