@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,13 @@ def scripted(request: pytest.FixtureRequest) -> Iterator[tuple[str, bytes, bool]
         await resp.write_eof()
         return resp
 
+    with serving(chat) as url:
+        yield url, body, by_event
+
+
+@contextlib.contextmanager
+def serving(chat: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Iterator[str]:
+    """An aiohttp upstream on loopback in a thread of its own: `chat` answers POST /v1/chat/completions."""
     async def health(request: web.Request) -> web.Response:
         return web.Response()
 
@@ -292,10 +300,40 @@ def scripted(request: pytest.FixtureRequest) -> Iterator[tuple[str, bytes, bool]
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{port}", body, by_event
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_an_n2_stream_alternating_its_chunk_shape_is_handed_to_the_relay_thread_at_most_three_times(
+        service_factory: Callable[[str, list[str]], Service]) -> None:
+    """Two choices: chunks alternate index 0 and 1, so the relay thread hands each hand-over back at once.
+    After three such the stream stays in Python (without the limit: one hand-over per chunk)."""
+    body = (FIXTURES / "ngram" / "chat_n2_stream_usage.response").read_bytes()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        for event in SseSplitter().feed(body):  # one event per HTTP chunk, as vLLM writes
+            await resp.write(event.raw)
+            await asyncio.sleep(0.002)
+        await resp.write_eof()
+        return resp
+
+    with serving(chat) as url:
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
+        got = requests.post(tap.url + "/v1/chat/completions", timeout=30, json={
+            "model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True, "n": 2,
+            "stream_options": {"include_usage": True}})
+        assert got.status_code == 200 and got.content == body
+        content_chunks = body.count(b'"content":"') - 2  # less the two role chunks
+        assert content_chunks > 20
+        assert value(tap.url, "specwatch_requests_total", outcome="ok") == 1
+        assert 1 <= value(tap.url, "specwatch_fast_relay_handovers_total") <= 3
+        assert value(tap.url, "specwatch_fast_relay_chunks_total") < 3
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-relay", "python-relay"])

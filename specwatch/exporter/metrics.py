@@ -108,6 +108,9 @@ class ExporterMetrics:
         self.fast_relay_chunks = Counter("specwatch_fast_relay_chunks",
                                          "Content chunks relayed by the compiled relay thread (the rest: in Python).",
                                          registry=registry)
+        self.fast_relay_handovers = Counter("specwatch_fast_relay_handovers",
+                                            "Streams handed to the compiled relay thread (one stream may be handed "
+                                            "over again after a chunk it does not take).", registry=registry)
         self._positions: dict[tuple[str, str, int], tuple[list[Any], list[Any]]] = {}
         self._children: dict[tuple[str, str], Children] = {}
         for task in cfg.task_labels:  # all 0 until a canary pushes a verdict

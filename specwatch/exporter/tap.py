@@ -459,14 +459,15 @@ class Tap:
 
         fast = self.fast if chunked and isinstance(relay, SseRelay) else None
         owned: list[Any] = []  # (id, handle) while the relay thread has the stream
+        fruitless = [0]  # hand-overs that came back at once (an n = 2 stream alternates its chunk shape): 3 stop them
 
         def hand_over() -> None:
             """To the relay thread, where the stream is between ordinary content chunks and nothing waits."""
             assert fast is not None and transport is not None and isinstance(relay, SseRelay)
             prefix = relay.plain.prefix
-            if (prefix is None or not headers_sent or state.paused or state.gone or relay.saw_done or relay.held
-                    or not relay.splitter.empty() or not conn.between_chunks() or record.last_token is None
-                    or transport.get_write_buffer_size() or transport.is_closing()):
+            if (prefix is None or fruitless[0] >= 3 or not headers_sent or state.paused or state.gone
+                    or relay.saw_done or relay.held or not relay.splitter.empty() or not conn.between_chunks()
+                    or record.last_token is None or transport.get_write_buffer_size() or transport.is_closing()):
                 return
             up_fd, client_fd = conn.fileno(), _fileno(transport)
             if up_fd < 0 or client_fd < 0:
@@ -478,6 +479,7 @@ class Tap:
             transport.pause_reading()
             owned[:] = fast.start(up_fd, client_fd, prefix, relay.plain.suffix, tuple(gaps.bounds),
                                   record.last_token, taken_back)
+            self.metrics.fast_relay_handovers.inc()
 
         def taken_back(result: fastrelay.Result) -> None:
             owned.clear()
@@ -491,6 +493,8 @@ class Tap:
 
         def resume(result: fastrelay.Result) -> None:
             _, reason, _, unread, unsent, segments, counts, gap_sum, last_token, tokens = result
+            if reason == fastrelay.UNUSUAL and tokens < 2:
+                fruitless[0] += 1
             for text, plain in segments:  # the thread checked each body as the pattern's text group
                 decoded = text if plain else _decoded(text)
                 if decoded is None:
