@@ -129,23 +129,30 @@ def test_chunks_that_matter_or_are_unusual_take_the_full_parse(data: bytes) -> N
     assert plain_text(data) is None
 
 
+def mutate(rng: random.Random, original: bytes, alphabet: bytes, near: tuple[int, int] | None = None) -> bytes:
+    """1 to 3 random byte edits (replace, insert, delete); with `near`, 70 % of them in that span."""
+    data = bytearray(original)
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(data))
+        if near is not None and rng.random() >= 0.3:
+            at = min(rng.randrange(*near), len(data) - 1)
+        op = rng.randrange(3)
+        if op == 0:
+            data[at] = rng.choice(alphabet)
+        elif op == 1:
+            data.insert(at, rng.choice(alphabet))
+        else:
+            del data[at]
+    return bytes(data)
+
+
 def test_fast_path_never_disagrees_on_mutated_chunks():
     rng = random.Random(4)
     payloads = [d for _, d in fixture_payloads()]
     alphabet = b'"\\{}[],:0123456789abnlu \xc3\xa8\xff\n'
     accepted = 0
     for _ in range(20000):
-        data = bytearray(rng.choice(payloads))
-        for _ in range(rng.randint(1, 3)):
-            at = rng.randrange(len(data))
-            op = rng.randrange(3)
-            if op == 0:
-                data[at] = rng.choice(alphabet)
-            elif op == 1:
-                data.insert(at, rng.choice(alphabet))
-            else:
-                del data[at]
-        mutated = bytes(data)
+        mutated = mutate(rng, rng.choice(payloads), alphabet)
         assert agrees(mutated), mutated
         accepted += plain_text(mutated) is not None
     assert accepted > 1000  # the test did exercise the fast path's acceptance, not only its refusals
@@ -199,18 +206,8 @@ def test_the_reader_never_disagrees_on_mutated_chunks_after_learning_the_origina
         reader = PlainReader()
         reader.text(original)
         assert reader.prefix is not None
-        data = bytearray(original)
-        near_text = (len(reader.prefix) - 3, len(data) - len(reader.suffix) + 3)  # the text and its quotes
-        for _ in range(rng.randint(1, 3)):
-            at = rng.randrange(len(data)) if rng.random() < 0.3 else min(rng.randrange(*near_text), len(data) - 1)
-            op = rng.randrange(3)
-            if op == 0:
-                data[at] = rng.choice(alphabet)
-            elif op == 1:
-                data.insert(at, rng.choice(alphabet))
-            else:
-                del data[at]
-        mutated = bytes(data)
+        near_text = (len(reader.prefix) - 3, len(original) - len(reader.suffix) + 3)  # the text and its quotes
+        mutated = mutate(rng, original, alphabet, near_text)
         learned = reader.prefix
         got = reader.text(mutated)
         assert got == plain_text(mutated), (original, mutated)

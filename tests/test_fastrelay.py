@@ -165,24 +165,22 @@ def test_a_client_that_does_not_read_comes_back_with_the_unsent_bytes_and_the_un
     assert result[1] == fastrelay.PARTIAL and result[4], result[:3]
     # what reached the client, what came back unsent and unread, and what is still in the socket: the stream
     pair.client_test.setblocking(False)
-    got = b""
-    while True:
-        try:
-            piece = pair.client_test.recv(1 << 20)
-        except BlockingIOError:
-            break
-        if not piece:
-            break
-        got += piece
-    remaining = b""
-    while True:
-        try:
-            piece = pair.up_thread.recv(1 << 20)
-        except BlockingIOError:
-            break
-        remaining += piece
+    got, remaining = drain(pair.client_test), drain(pair.up_thread)
     assert got + result[4] == stream[:len(got) + len(result[4])]
     assert got + result[4] + result[3] + remaining == stream[:sent]
+
+
+def drain(sock: socket.socket) -> bytes:
+    """Everything a non-blocking socket holds now."""
+    out = b""
+    while True:
+        try:
+            piece = sock.recv(1 << 20)
+        except BlockingIOError:
+            return out
+        if not piece:
+            return out
+        out += piece
 
 
 def test_cancel_returns_the_counts_so_far_and_the_upstream_eof_is_left_for_the_loop(pair: Pair, done_fd: int) -> None:
