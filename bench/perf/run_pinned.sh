@@ -571,6 +571,15 @@ if [[ $STAGGER != 0 && $PROBE == 0 ]]; then
     "${META[@]}" "${CLIENT_ARGS[@]}" --out-json "$PREFIX-stagger.json" --out-md "$PREFIX-stagger.md" --aa \
     2> >(tee "$RUN/bench-stagger.log" >&2) >"$RUN/bench-stagger.stdout" || rc=$?
 fi
+# which exporters relayed over the compiled relay thread (0 chunks: the Python relay)
+relay_counters() {
+  python3 -c "$HTTP_OK"'
+print(" ".join(l for l in o.open(sys.argv[1], timeout=2).read().decode().splitlines()
+               if l.startswith(("specwatch_fast_relay_", "specwatch_requests_total"))))' "$1/metrics" 2>&1 | head -c 1500
+}
+skipped specwatch || note "specwatch /metrics after the bench: $(relay_counters "http://127.0.0.1:$XP")"
+[[ $HAVE_REF == 1 ]] && note "specwatch-ref /metrics after the bench: $(relay_counters "http://127.0.0.1:$XR")"
+[[ $SW_WORKERS -gt 0 ]] && note "specwatch-w$SW_WORKERS /metrics after the bench: $(relay_counters "http://127.0.0.1:$XW")"
 sleep 0.6   # one more RSS sample after the last block
 affinity_report
 stop_pid "$(pid_of sampler)" sampler
