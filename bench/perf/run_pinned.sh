@@ -575,7 +575,8 @@ fi
 relay_counters() {
   python3 -c "$HTTP_OK"'
 print(" ".join(l for l in o.open(sys.argv[1], timeout=2).read().decode().splitlines()
-               if l.startswith(("specwatch_fast_relay_", "specwatch_requests_total"))))' "$1/metrics" 2>&1 | head -c 1500
+               if l.startswith(("specwatch_fast_relay_chunks_total", "specwatch_fast_relay_handovers_total"))
+               or (l.startswith("specwatch_requests_total") and not l.endswith(" 0.0"))))' "$1/metrics" 2>&1 | head -c 1500
 }
 skipped specwatch || note "specwatch /metrics after the bench: $(relay_counters "http://127.0.0.1:$XP")"
 [[ $HAVE_REF == 1 ]] && note "specwatch-ref /metrics after the bench: $(relay_counters "http://127.0.0.1:$XR")"
