@@ -26,6 +26,7 @@ from specwatch import __version__, resources
 from specwatch.compose.images import LOCAL_BASE
 from specwatch.config import Home
 from specwatch.exporter import config as exporter_config
+from specwatch.exporter.main import config_from_args
 from specwatch.exporter.main import parser as exporter_parser
 from specwatch.models import build as models
 from specwatch.monitoring import MONITORING
@@ -436,18 +437,14 @@ def test_gpu_and_cpu_candidate_choices_are_valid_configs() -> None:
 def test_exporter_command_is_a_valid_exporter_config() -> None:
     argv = services(None)["exporter"]["command"]
     assert argv[0] == "exporter"
-    args = exporter_parser().parse_args(argv[1:])
-    cfg = exporter_config.load({"upstream": args.upstream, "split": args.split, "mirror": args.mirror,
-                                "sticky_header": args.sticky_header, "listen": args.listen,
-                                "event_log": args.event_log, "admin_token_env": args.admin_token_env,
-                                "workers": args.workers},
-                               args.config_file)
+    cfg = config_from_args(exporter_parser().parse_args(argv[1:]))  # as `specwatch exporter` reads them
     assert cfg.upstreams == {"baseline": "http://vllm-baseline:8000", "candidate": "http://vllm-candidate:8000"}
     assert cfg.workers == 1  # the demo's servers keep the cores (EXPORTER_WORKERS raises it)
     assert (cfg.listen_host, cfg.listen_port) == ("0.0.0.0", 9400)
     assert cfg.split == {"candidate": 50.0}
     assert cfg.event_log is not None and cfg.event_log.parent == Path("/var/lib/specwatch")
     assert cfg.admin_token_env == exporter_config.DEFAULT_ADMIN_TOKEN_ENV
+    assert cfg.fast_relay  # the image builds the compiled relay; nothing in the command turns it off
 
 
 def test_the_exporters_admin_token_comes_from_the_environment_only() -> None:

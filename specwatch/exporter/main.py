@@ -151,15 +151,20 @@ async def _stop_when_orphaned(worker: Worker, stop: asyncio.Event) -> None:
     stop.set()
 
 
+def config_from_args(args: argparse.Namespace) -> ExporterConfig:
+    """The typed config from `parser()`'s namespace: the flags over the config file's values (ConfigError)."""
+    return config_mod.load({"upstream": args.upstream, "split": args.split, "mirror": args.mirror,
+                            "sticky_header": args.sticky_header, "listen": args.listen,
+                            "event_log": args.event_log, "admin_token_env": args.admin_token_env,
+                            "workers": args.workers, "no_fast_relay": args.no_fast_relay},
+                           args.config_file)
+
+
 def main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = parser().parse_args(argv)
     try:
-        cfg = config_mod.load({"upstream": args.upstream, "split": args.split, "mirror": args.mirror,
-                               "sticky_header": args.sticky_header, "listen": args.listen,
-                               "event_log": args.event_log, "admin_token_env": args.admin_token_env,
-                               "workers": args.workers, "no_fast_relay": args.no_fast_relay},
-                              args.config_file)
+        cfg = config_from_args(args)
     except ConfigError as exc:
         print(f"specwatch exporter: {exc}", file=sys.stderr)
         return 2
