@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import subprocess
@@ -236,6 +237,40 @@ def _relay_through(wire: bytes, cuts: list[int], strip: bool) -> tuple[bytes, An
         return b"".join(sent), record, sent
     finally:
         loop.close()
+
+
+def test_each_event_is_offered_to_the_plain_reader_once_when_chunks_hold_one_event():
+    """vLLM writes one event per HTTP chunk: an event the reader refuses (finish, usage, [DONE]) goes to the
+    full parse without a second try of the reader's pattern (two full-pattern matches per request saved),
+    and what the client gets and the record counts are unchanged."""
+    from prometheus_client import CollectorRegistry
+
+    from specwatch.exporter.accounting import RequestRecord
+    from specwatch.exporter.metrics import ExporterMetrics
+    from specwatch.exporter.tap import SseRelay, UpstreamRequest
+
+    stream = _sse_stream(False)
+    events = [e + b"\n\n" for e in stream.split(b"\n\n")[:-1]]
+    metrics = ExporterMetrics(CollectorRegistry(), load({"upstream": ["baseline=http://127.0.0.1:1"]}, None))
+    record = RequestRecord("r", "baseline", "chat", "/v1/chat/completions", True, False, True)
+    relay = SseRelay(UpstreamRequest(b"", {}, True, False), record, metrics)
+    offered: list[bytes] = []
+    reader = relay.plain
+
+    class Counting:
+        prefix, suffix = None, b""
+
+        def text(self, data: bytes) -> bytes | None:
+            offered.append(data)
+            return reader.text(data)
+
+    relay.plain = Counting()  # type: ignore[assignment]
+    out = b"".join(relay.feed(event) for event in events) + relay.finish(200)
+    assert out == stream
+    assert offered == [event[6:-2] for event in events]  # each event once, in order
+    assert record.usage == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert record.finish_reasons == ["length"] and record.outcome == "ok"
+    assert record.output.hexdigest() == hashlib.sha256(" a é\n été b".encode()).hexdigest()
 
 
 @pytest.mark.parametrize("strip", [False, True])

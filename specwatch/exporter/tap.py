@@ -157,6 +157,7 @@ class SseRelay:
         # The usual read: one whole single-line event, an ordinary content chunk. Where the splitter holds
         # nothing, it would cut this very event with this very payload (see `sse._data`); anything else
         # goes the general way below.
+        plain = True  # the events of this read may be plain content chunks
         if (not self.saw_done and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2
                 and chunk.endswith(b"\n\n") and self.splitter.empty()):
             text = self.plain.text(chunk[6:-2])
@@ -164,13 +165,14 @@ class SseRelay:
                 if text:
                     self.record.saw_tokens(text, time.perf_counter(), self.metrics)
                 return chunk
+            plain = False  # its one event is not: parse it in full without asking the reader again
         events = self.splitter.feed(chunk)
         if not events:
             return b""
         now = time.perf_counter()  # one clock per read: its events arrived together
         out: list[bytes] = []
         for event in events:
-            self._handle(event, now, out)
+            self._handle(event, now, out, plain)
         if self.saw_done:
             self.last.extend(out)
             return b""
@@ -189,10 +191,10 @@ class SseRelay:
         self.last = []
         return b"".join(last)
 
-    def _handle(self, event: Event, now: float, out: list[bytes]) -> None:
+    def _handle(self, event: Event, now: float, out: list[bytes], plain: bool = True) -> None:
         data = event.data
         record, plan = self.record, self.plan
-        if data is not None:
+        if data is not None and plain:
             text = self.plain.text(data)  # the per-chunk fast path: an ordinary content delta
             if text is not None:
                 if text:
