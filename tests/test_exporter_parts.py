@@ -241,7 +241,7 @@ def _relay_through(wire: bytes, cuts: list[int], strip: bool) -> tuple[bytes, An
 
 def test_each_event_is_offered_to_the_plain_reader_once_when_chunks_hold_one_event():
     """vLLM writes one event per HTTP chunk: an event the reader refuses (finish, usage, [DONE]) goes to the
-    full parse without a second try of the reader's pattern (two full-pattern matches per request saved),
+    full parse without a second try of the reader's pattern (three pattern matches per request saved),
     and what the client gets and the record counts are unchanged."""
     from prometheus_client import CollectorRegistry
 
