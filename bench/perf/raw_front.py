@@ -23,10 +23,8 @@ from urllib.parse import urlsplit
 import uvloop
 from aiohttp import web
 
+from specwatch.exporter.tap import HOP_BY_HOP
 from specwatch.exporter.upstream import Pool, request_bytes
-
-HOP_BY_HOP = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection", b"keep-alive",
-                        b"proxy-connection", b"te", b"trailer", b"upgrade"})
 
 
 class Front(asyncio.Protocol):
@@ -50,11 +48,11 @@ class Front(asyncio.Protocol):
         length, headers = 0, {}
         for line in lines[1:]:
             name, _, value = line.partition(b":")
-            key = name.strip().lower()
-            if key == b"content-length":
+            key = name.strip().decode("latin-1")
+            if key.lower() == "content-length":
                 length = int(value)
-            elif key not in HOP_BY_HOP:
-                headers[name.strip().decode("latin-1")] = value.strip().decode("latin-1")
+            elif key.lower() not in HOP_BY_HOP:
+                headers[key] = value.strip().decode("latin-1")
         if len(self.buf) < end + 4 + length:
             return
         body = self.buf[end + 4:end + 4 + length]
@@ -73,7 +71,7 @@ class Front(asyncio.Protocol):
         assert conn.head is not None and conn.ended is not None
         head = await conn.head
         out = [f"HTTP/1.1 {head.status} {head.reason}"]
-        out += [f"{k}: {v}" for k, v in head.headers.items() if k.lower().encode() not in HOP_BY_HOP]
+        out += [f"{k}: {v}" for k, v in head.headers.items() if k.lower() not in HOP_BY_HOP]
         out.append("Transfer-Encoding: chunked\r\n\r\n")
         first = ["\r\n".join(out).encode("latin-1")]
 
@@ -97,13 +95,13 @@ def aiohttp_app(pool: Pool, host: str, port: int) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         json.loads(body)
-        headers = {k: v for k, v in request.headers.items() if k.lower().encode() not in HOP_BY_HOP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         conn, _ = await pool.acquire(host, port)
         conn.send(request_bytes(request.method, request.path_qs, host, port, headers, body))
         assert conn.head is not None and conn.ended is not None
         head = await conn.head
         response = web.StreamResponse(status=head.status, reason=head.reason, headers={
-            k: v for k, v in head.headers.items() if k.lower().encode() not in HOP_BY_HOP})
+            k: v for k, v in head.headers.items() if k.lower() not in HOP_BY_HOP})
         await response.prepare(request)
         transport = request.transport
         assert transport is not None

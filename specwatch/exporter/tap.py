@@ -154,25 +154,32 @@ class SseRelay:
         self.last: list[bytes] = []
 
     def feed(self, chunk: bytes) -> bytes:
-        # The usual read: one whole single-line event, an ordinary content chunk. Where the splitter holds
-        # nothing, it would cut this very event with this very payload (see `sse._data`); anything else
-        # goes the general way below.
-        plain = True  # the events of this read may be plain content chunks
+        # The usual read: one whole single-line event. Where the splitter holds nothing, it would cut this
+        # very event with this very payload (see `sse._data`), so it is read here without it: an ordinary
+        # content chunk by the reader alone, any other event in full (the reader asked once). Anything else
+        # goes through the splitter.
         if (not self.saw_done and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2
                 and chunk.endswith(b"\n\n") and self.splitter.empty()):
-            text = self.plain.text(chunk[6:-2])
+            data = chunk[6:-2]
+            text = self.plain.text(data)
             if text is not None:
                 if text:
                     self.record.saw_tokens(text, time.perf_counter(), self.metrics)
                 return chunk
-            plain = False  # its one event is not: parse it in full without asking the reader again
+            out: list[bytes] = []
+            self._parsed(Event(chunk, data), time.perf_counter(), out)
+            return self._released(out)
         events = self.splitter.feed(chunk)
         if not events:
             return b""
         now = time.perf_counter()  # one clock per read: its events arrived together
-        out: list[bytes] = []
+        out = []
         for event in events:
-            self._handle(event, now, out, plain)
+            self._handle(event, now, out)
+        return self._released(out)
+
+    def _released(self, out: list[bytes]) -> bytes:
+        """What of a read's events the client gets now: nothing from the read with `[DONE]` on (held back)."""
         if self.saw_done:
             self.last.extend(out)
             return b""
@@ -191,16 +198,21 @@ class SseRelay:
         self.last = []
         return b"".join(last)
 
-    def _handle(self, event: Event, now: float, out: list[bytes], plain: bool = True) -> None:
+    def _handle(self, event: Event, now: float, out: list[bytes]) -> None:
         data = event.data
-        record, plan = self.record, self.plan
-        if data is not None and plain:
+        if data is not None:
             text = self.plain.text(data)  # the per-chunk fast path: an ordinary content delta
             if text is not None:
                 if text:
-                    record.saw_tokens(text, now, self.metrics)
+                    self.record.saw_tokens(text, now, self.metrics)
                 out.append(event.raw)
                 return
+        self._parsed(event, now, out)
+
+    def _parsed(self, event: Event, now: float, out: list[bytes]) -> None:
+        """An event that is not an ordinary content chunk, read in full."""
+        data = event.data
+        record, plan = self.record, self.plan
         obj = event.json()
         if isinstance(obj, dict):
             choices = obj.get("choices")
