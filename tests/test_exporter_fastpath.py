@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import random
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -375,3 +376,92 @@ def test_tricky_content_over_http_is_relayed_byte_identical_and_counted_exactly(
         assert by_thread >= token_chunks, (by_thread, token_chunks)  # of two requests' chunks, at least one's
     elif not fast:
         assert by_thread == 0
+
+
+@contextlib.contextmanager
+def raw_upstream(head_alone: threading.Event, go: threading.Event, events: list[bytes]) -> Iterator[str]:
+    """A streamed chat answer written by hand on loopback: the head with the first event in one write (or
+    the head alone where `head_alone` is set), then nothing until `go`, then the rest."""
+    server = socket.create_server(("127.0.0.1", 0))
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%b\r\n" % (len(data), data)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                with conn:
+                    got = b""
+                    while b"\r\n\r\n" not in got:
+                        got += conn.recv(65536)
+                    if not got.startswith(b"POST /v1/chat/completions "):  # the exporter's health probe
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                        continue
+                    length = int(next(line.split(b":")[1] for line in got.split(b"\r\n")
+                                      if line.lower().startswith(b"content-length:")))
+                    while len(got.split(b"\r\n\r\n", 1)[1]) < length:
+                        got += conn.recv(65536)
+                    conn.sendall(head if head_alone.is_set() else head + chunk(events[0]))
+                    go.wait(30)
+                    rest = events if head_alone.is_set() else events[1:]
+                    conn.sendall(b"".join(chunk(e) for e in rest) + b"0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def data_segments_in(sock: socket.socket) -> int:
+    """TCP_INFO's tcpi_data_segs_in: segments with data this socket received (Linux >= 4.6)."""
+    return int.from_bytes(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)[152:156], "little")
+
+
+def test_response_headers_leave_with_the_bytes_that_came_with_them_and_alone_when_they_came_alone(
+        service_factory: Callable[[str, list[str]], Service]) -> None:
+    """The client's socket counts the exporter's writes (each one segment on loopback, TCP_NODELAY): the
+    upstream's head and first event written together reach the client as one segment (two where the
+    headers went out on their own); a head written alone reaches the client before any event exists."""
+    events = [e.raw for e in SseSplitter().feed((FIXTURES / "baseline" / "chat_stream_usage.response").read_bytes())]
+    head_alone, go = threading.Event(), threading.Event()
+    body = json.dumps({"model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    with raw_upstream(head_alone, go, events) as url:
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
+        host, port = tap.url.removeprefix("http://").split(":")
+        for alone in (False, True):
+            go.clear()
+            head_alone.set() if alone else head_alone.clear()
+            with socket.create_connection((host, int(port)), timeout=30) as client:
+                client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+                got = b""
+                while b"\r\n\r\n" not in got or (not alone and events[0] not in got):
+                    got += client.recv(65536)
+                assert got.startswith(b"HTTP/1.1 200 OK\r\n"), got[:100]
+                if alone:
+                    assert got.endswith(b"\r\n\r\n"), got  # the headers, and no event: the upstream has sent none
+                else:
+                    assert data_segments_in(client) == 1, "the headers and the first event in separate writes"
+                go.set()
+                while not got.endswith(b"0\r\n\r\n"):
+                    piece = client.recv(65536)
+                    assert piece, got[-200:]
+                    got += piece
+            relayed = SseSplitter().feed(unchunk(got.split(b"\r\n\r\n", 1)[1]))
+            assert b"".join(e.raw for e in relayed) == b"".join(events)
+        assert value(tap.url, "specwatch_requests_total", outcome="ok") == 2
+
+
+def unchunk(body: bytes) -> bytes:
+    out, at = b"", 0
+    while True:
+        eol = body.index(b"\r\n", at)
+        size = int(body[at:eol], 16)
+        if size == 0:
+            return out
+        out += body[eol + 2:eol + 2 + size]
+        at = eol + 4 + size

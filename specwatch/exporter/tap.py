@@ -77,6 +77,14 @@ class _Wake:
             self.fut = None
 
 
+class _HeldHeadersResponse(web.StreamResponse):
+    """A streamed response whose headers wait in the writer (`prepare` does not send them) until its first
+    body bytes or `writer.send_headers()`: headers and body bytes that arrived together leave in one write.
+    aiohttp 3.14's `StreamResponse` sends its headers alone at `prepare`; its `Response` holds them this way."""
+
+    _send_headers_immediately = False
+
+
 def _plain_http(url: str) -> tuple[str, int, str] | None:
     """(host, port, path prefix) of an http:// upstream URL; None for anything the tap's own client does not speak."""
     parts = urlsplit(url)
@@ -438,8 +446,8 @@ class Tap:
         """Relay from `conn` inside its `data_received`: each read is accounted and written to the client's
         transport at once. This coroutine only waits: for the end, a slow client (drain, then read on) or a
         gone one. Returns the response and whether the upstream response ended cleanly."""
-        response = web.StreamResponse(status=head.status, reason=head.reason or None,
-                                      headers=_forward_headers(head.headers))
+        response = _HeldHeadersResponse(status=head.status, reason=head.reason or None,
+                                        headers=_forward_headers(head.headers))
         writer = await response.prepare(client) if client is not None else None
         transport = client.transport if client is not None else None
         chunked = writer is not None and getattr(writer, "chunked", False)
@@ -559,7 +567,13 @@ class Tap:
         ended.add_done_callback(lambda _: state.wake())
         try:
             async with asyncio.timeout_at(deadline):
-                conn.attach(sink)
+                conn.attach(sink)  # what came with the upstream's head goes out now, the headers with it
+                if not headers_sent and not ended.done() and isinstance(writer, StreamWriter):
+                    headers_sent = True  # the head came alone: so do the client's (the end would take them along)
+                    try:
+                        writer.send_headers()
+                    except aiohttp.ClientConnectionResetError:
+                        state.gone = True  # ends below as a client abort
                 while True:
                     if state.gone:
                         raise _ClientGone()
