@@ -9,6 +9,7 @@ import json
 import random
 import socket
 import threading
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -379,9 +380,11 @@ def test_tricky_content_over_http_is_relayed_byte_identical_and_counted_exactly(
 
 
 @contextlib.contextmanager
-def raw_upstream(head_alone: threading.Event, go: threading.Event, events: list[bytes]) -> Iterator[str]:
+def raw_upstream(head_alone: threading.Event, go: threading.Event, events: list[bytes],
+                 received: list[bytes] | None = None) -> Iterator[str]:
     """A streamed chat answer written by hand on loopback: the head with the first event in one write (or
-    the head alone where `head_alone` is set), then nothing until `go`, then the rest."""
+    the head alone where `head_alone` is set), then nothing until `go`, then the rest. Each chat request's
+    bytes go to `received`."""
     server = socket.create_server(("127.0.0.1", 0))
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -403,6 +406,8 @@ def raw_upstream(head_alone: threading.Event, go: threading.Event, events: list[
                                       if line.lower().startswith(b"content-length:")))
                     while len(got.split(b"\r\n\r\n", 1)[1]) < length:
                         got += conn.recv(65536)
+                    if received is not None:
+                        received.append(got)
                     conn.sendall(head if head_alone.is_set() else head + chunk(events[0]))
                     go.wait(30)
                     rest = events if head_alone.is_set() else events[1:]
@@ -465,3 +470,37 @@ def unchunk(body: bytes) -> bytes:
             return out
         out += body[eol + 2:eol + 2 + size]
         at = eol + 4 + size
+
+
+def test_a_streamed_request_reaches_the_upstream_with_the_clients_headers_as_sent(
+        service_factory: Callable[[str, list[str]], Service]) -> None:
+    """Over the tap's own upstream client: every end-to-end header line as the client wrote it (case, order,
+    repeats, an Authorization value), none of the hop-by-hop or the tap's own, the Host and length of the
+    upstream request, the body unchanged (the client asked for usage itself)."""
+    events = [e.raw for e in SseSplitter().feed((FIXTURES / "baseline" / "chat_stream_usage.response").read_bytes())]
+    received: list[bytes] = []
+    go = threading.Event()
+    go.set()
+    body = json.dumps({"model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    secret = b"Bearer sk-" + uuid.uuid4().hex.encode()
+    with raw_upstream(threading.Event(), go, events, received) as url:
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
+        host, port = tap.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as client:
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: tap.example\r\nauthorization: %b\r\n"
+                           b"X-Dup: one\r\nContent-Type: application/json\r\nX-Specwatch-Task: code\r\n"
+                           b"x-dup: two\r\nAccept-Encoding: gzip\r\nConnection: close\r\nTE: trailers\r\n"
+                           b"X-Specwatch-Variant: baseline\r\nContent-Length: %d\r\n\r\n%b" % (secret, len(body), body))
+            got = b""
+            while piece := client.recv(65536):
+                got += piece
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"0\r\n\r\n")
+    head, sent_body = received[-1].split(b"\r\n\r\n", 1)
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /v1/chat/completions HTTP/1.1"
+    assert lines[1:] == [b"Host: " + url.removeprefix("http://").encode(), b"authorization: " + secret,
+                         b"X-Dup: one", b"Content-Type: application/json", b"x-dup: two",
+                         b"Content-Length: %d" % len(body)]
+    assert sent_body == body
+    assert secret.decode() not in tap.log.read_text()

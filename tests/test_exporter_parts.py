@@ -340,6 +340,35 @@ def test_batched_gaps_end_as_if_each_gap_had_been_observed_and_show_within_a_sec
     assert samples(batched_registry) == pytest.approx(samples(observed_registry))
 
 
+def test_observe_by_bisect_ends_as_the_library_observe_on_bounds_between_them_and_past_them():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from specwatch.exporter.accounting import observe
+    from specwatch.exporter.metrics import LATENCY_BUCKETS
+
+    def child() -> tuple[CollectorRegistry, Any]:
+        registry = CollectorRegistry()
+        family = Histogram("x_seconds", "x", ["variant"], buckets=LATENCY_BUCKETS, registry=registry)
+        return registry, family.labels("v")
+
+    def samples(registry: CollectorRegistry) -> list[tuple[str, str, float]]:
+        return sorted((s.name, s.labels.get("le", ""), s.value) for m in registry.collect() for s in m.samples
+                      if not s.name.endswith("_created"))
+
+    rng = random.Random(11)
+    amounts = [*LATENCY_BUCKETS, *(rng.uniform(0, 2 * LATENCY_BUCKETS[-1]) for _ in range(500)), 0.0, -1.0, 1e9,
+               float("inf"), float("nan")]
+    library_registry, library = child()
+    ours_registry, ours = child()
+    for amount in amounts:
+        library.observe(amount)
+        observe(ours, amount)
+    got, want = samples(ours_registry), samples(library_registry)
+    assert [(n, le) for n, le, _ in got] == [(n, le) for n, le, _ in want]
+    assert [v for *_, v in got if v == v] == pytest.approx([v for *_, v in want if v == v])  # the NaN sum aside
+    assert sum(1 for *_, v in got if v != v) == sum(1 for *_, v in want if v != v) == 1
+
+
 def test_the_relay_pool_keeps_a_bounded_number_of_idle_connections_and_closes_stale_ones():
     """A real keep-alive server on loopback: after a peak of 6 concurrent requests, at most `max_idle`
     connections stay open, the most recent is reused, and once idle for `idle_seconds` all are closed."""

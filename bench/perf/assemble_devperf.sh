@@ -7,6 +7,7 @@
 #                 with the compiled relay as `make setup` built it (src-ref, from git archive, has none)
 #   DEST/perf/    this checkout's bench/perf (the harness travels with the code: run DEST/perf/run_pinned.sh
 #                 there, whichever checkout the device call sends)
+#   DEST/bin/     py-spy (a static binary), where the python's bin folder or PATH has one: profile_pinned.sh
 #   DEST/src-ref/ with --ref REV: the `specwatch` package at REV (git archive), measured beside it as
 #                 `specwatch-ref` in the same rounds (before / after under the same conditions)
 # vllm-router (DEST/whl-router/) is left out: run_pinned.sh then reports it as not installed.
@@ -26,7 +27,7 @@ while [[ $# -gt 0 ]]; do
 done
 pin() { grep -oE "\"$1==[^\"]+\"" "$ROOT/pyproject.toml" | tr -d '"'; }
 have() { "$PY" -c "from importlib.metadata import version; print('$1==' + version('$1'))"; }
-rm -rf "$DEST/whl" "$DEST/deb" "$DEST/src" "$DEST/src-ref" "$DEST/perf"
+rm -rf "$DEST/whl" "$DEST/deb" "$DEST/src" "$DEST/src-ref" "$DEST/perf" "$DEST/bin"
 mkdir -p "$DEST/whl" "$DEST/deb" "$DEST/src" "$DEST/perf"
 WANT=("$(pin aiohttp)" "$(pin prometheus_client)" "$(pin uvloop)" "$(pin pyyaml)")
 for dep in multidict yarl frozenlist aiosignal attrs propcache aiohappyeyeballs idna; do WANT+=("$(have "$dep")"); done
@@ -47,6 +48,9 @@ find "$DEST/src" -name __pycache__ -prune -exec rm -rf {} +
 commit=$(git -C "$ROOT" rev-parse HEAD)
 git -C "$ROOT" diff --quiet HEAD -- specwatch || commit="$commit+dirty"
 echo "$commit" >"$DEST/src/COMMIT"
+SPY="$(dirname "$(command -v "$PY")")/py-spy"
+[[ -x "$SPY" ]] || SPY=$(command -v py-spy || true)
+if [[ -n "$SPY" ]]; then mkdir -p "$DEST/bin" && cp "$SPY" "$DEST/bin/py-spy"; fi
 if [[ -n "$REF" ]]; then
   mkdir -p "$DEST/src-ref"
   git -C "$ROOT" archive "$REF" specwatch | tar -x -C "$DEST/src-ref"

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import uvloop
 from aiohttp import web
 
-from specwatch.exporter.tap import HOP_BY_HOP
+from specwatch.exporter.tap import HOP_BY_HOP, forward_header_lines
 from specwatch.exporter.upstream import Pool, request_bytes
 
 
@@ -45,14 +45,12 @@ class Front(asyncio.Protocol):
             return
         lines = self.buf[:end].split(b"\r\n")
         method, target, _ = lines[0].split(b" ", 2)
-        length, headers = 0, {}
+        length, headers = 0, []
         for line in lines[1:]:
             name, _, value = line.partition(b":")
-            key = name.strip().decode("latin-1")
-            if key.lower() == "content-length":
+            if name.strip().lower() == b"content-length":
                 length = int(value)
-            elif key.lower() not in HOP_BY_HOP:
-                headers[key] = value.strip().decode("latin-1")
+            headers.append((name.strip(), value.strip()))
         if len(self.buf) < end + 4 + length:
             return
         body = self.buf[end + 4:end + 4 + length]
@@ -60,9 +58,9 @@ class Front(asyncio.Protocol):
         assert self.transport is not None
         self.transport.pause_reading()
         asyncio.get_running_loop().create_task(
-            self.exchange(method.decode(), target.decode(), headers, body))
+            self.exchange(method.decode(), target.decode(), forward_header_lines(headers), body))
 
-    async def exchange(self, method: str, target: str, headers: dict[str, str], body: bytes) -> None:
+    async def exchange(self, method: str, target: str, headers: bytes, body: bytes) -> None:
         transport = self.transport
         assert transport is not None
         json.loads(body)  # the tap reads the request to classify it
@@ -95,7 +93,7 @@ def aiohttp_app(pool: Pool, host: str, port: int) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         json.loads(body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = forward_header_lines(request.raw_headers)
         conn, _ = await pool.acquire(host, port)
         conn.send(request_bytes(request.method, request.path_qs, host, port, headers, body))
         assert conn.head is not None and conn.ended is not None

@@ -32,7 +32,7 @@ from specwatch.exporter.health import UpstreamProbe, healthz
 from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.routing import Router
 from specwatch.exporter.shared import SharedState
-from specwatch.exporter.tap import Tap
+from specwatch.exporter.tap import GENERATION_PATHS, Tap
 from specwatch.exporter.workers import Worker, supervise
 
 log = logging.getLogger("specwatch.exporter")
@@ -88,6 +88,8 @@ class Exporter:
         app.router.add_get("/metrics", self.metrics_handler)
         app.router.add_get("/healthz", self.healthz if self.worker is not None else healthz)
         self.admin.add_routes(app)  # before the proxy: /admin is never forwarded
+        for path in GENERATION_PATHS:  # the hot paths found by a plain lookup, before the catch-all's pattern
+            app.router.add_route("*", path, self.tap.handle)
         app.router.add_route("*", "/{tail:.*}", self.tap.handle)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)

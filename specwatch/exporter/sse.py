@@ -167,6 +167,8 @@ class PlainReader:
             text = data[len(prefix):len(data) - len(self.suffix)]
             if _STRING_BODY.fullmatch(text) is not None:
                 return _decoded(text)
+        if b'"finish_reason":"' in data or b'"usage":{' in data:  # the end of a stream: never plain, parsed in full
+            return None
         match = _PLAIN.fullmatch(data)
         if match is None:
             return None

@@ -19,6 +19,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,6 +45,7 @@ GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                         "proxy-connection", "te", "trailer", "upgrade", "accept-encoding", "content-encoding",
                         TASK_HEADER, VARIANT_HEADER})
+_HOP_BY_HOP_RAW = frozenset(name.encode("ascii") for name in HOP_BY_HOP)
 MAX_BUFFERED_BODY = 32 * 1024 * 1024
 MAX_MIRRORS_IN_FLIGHT = 64
 WRITE_HIGH_WATER = 256 * 1024  # bytes queued for a slow client before the upstream connection stops being read
@@ -109,6 +111,11 @@ def _fileno(transport: asyncio.BaseTransport) -> int:
 
 def _forward_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def forward_header_lines(raw: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The client's header lines as they came (aiohttp's `raw_headers`), minus the hop-by-hop ones."""
+    return b"".join(b"%b: %b\r\n" % (k, v) for k, v in raw if k.lower() not in _HOP_BY_HOP_RAW)
 
 
 @dataclass
@@ -401,7 +408,7 @@ class Tap:
         """A streamed request over the tap's own upstream client (`upstream.py`): same outcomes as `_exchange`."""
         host, port, prefix = direct
         payload = request_bytes(request.method, prefix + request.path_qs, host, port,
-                                _forward_headers(request.headers), plan.body)
+                                forward_header_lines(request.raw_headers), plan.body)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.upstream_timeout_seconds
         conn: Connection | None = None

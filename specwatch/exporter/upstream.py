@@ -16,7 +16,6 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 from multidict import CIMultiDict
 
@@ -360,9 +359,8 @@ class Pool:
         self._idle.clear()
 
 
-def request_bytes(method: str, path_qs: str, host: str, port: int, headers: Any, body: bytes) -> bytes:
-    """The request head and body; `headers` are the client's minus hop-by-hop ones (no Host, no length)."""
-    lines = [f"{method} {path_qs} HTTP/1.1", f"Host: {host}:{port}"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape") + body
+def request_bytes(method: str, path_qs: str, host: str, port: int, header_lines: bytes, body: bytes) -> bytes:
+    """The request head and body; `header_lines` are the client's header lines ("Name: value\r\n" each) minus
+    the hop-by-hop ones (no Host, no length)."""
+    head = f"{method} {path_qs} HTTP/1.1\r\nHost: {host}:{port}\r\n".encode("utf-8", "surrogateescape")
+    return b"%b%bContent-Length: %d\r\n\r\n%b" % (head, header_lines, len(body), body)
