@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -335,6 +336,34 @@ def test_an_upstream_that_hangs_mid_stream_is_cut_at_the_deadline_and_its_chunks
         assert value(tap.url, "specwatch_requests_total", outcome="upstream_error") == 1
         assert value(tap.url, "specwatch_itl_seconds_count") == 11  # the gaps between the 12 content chunks
         assert (value(tap.url, "specwatch_fast_relay_chunks_total") > 0) == fast
+
+
+def test_an_upstream_that_never_answers_is_a_502_at_the_deadline(service_factory, tmp_path):
+    """Accepted, read, never answered (no head): a streamed request gets the tap's 502 once the deadline passes."""
+    config = tmp_path / "exporter.yaml"
+    config.write_text("upstream_timeout_seconds: 1\n")
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])  # kept open, never answered
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        tap = service_factory("exporter", ["--upstream", f"baseline=http://127.0.0.1:{server.getsockname()[1]}",
+                                           "--config.file", str(config)])
+        started = time.monotonic()
+        got = requests.post(tap.url + "/v1/chat/completions", timeout=30, json={
+            "model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True})
+        assert 0.8 < time.monotonic() - started < 10
+        assert got.status_code == 502 and got.json()["error"]["message"] == "upstream baseline failed: TimeoutError"
+        assert value(tap.url, "specwatch_requests_total", outcome="upstream_error") == 1
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
 
 
 def test_split_is_sticky_and_a_variant_can_be_pinned(service_factory, upstream, sim_factory):

@@ -414,8 +414,8 @@ class Tap:
         conn: Connection | None = None
         done = False
         try:
-            try:
-                async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(deadline) as timeout:  # one deadline for the head and the relay
+                try:
                     for attempt in (1, 2):
                         conn, reused = await self.pool.acquire(host, port)
                         conn.send(payload)
@@ -427,17 +427,20 @@ class Tap:
                             # a kept-alive connection the upstream closed meanwhile: once more on a fresh one
                             if attempt == 2 or not reused or conn.received:
                                 raise
-            except (TimeoutError, OSError) as exc:
-                record.outcome = "upstream_error"
-                return error_response(502, f"upstream {record.variant} failed: {type(exc).__name__}", "BadGateway")
-            assert conn is not None
-            record.status = head.status
-            if head.status >= 500:
-                record.outcome = "upstream_error"
-            elif head.status >= 400:
-                record.outcome = "rejected"
-            response, done = await self._relay_direct(conn, head, plan, record, client, deadline)
-            return response
+                except (OSError, asyncio.CancelledError) as exc:
+                    if isinstance(exc, asyncio.CancelledError) and not timeout.expired():
+                        raise
+                    record.outcome = "upstream_error"  # unreachable, broke off, or no head before the deadline
+                    name = type(exc).__name__ if isinstance(exc, OSError) else "TimeoutError"
+                    return error_response(502, f"upstream {record.variant} failed: {name}", "BadGateway")
+                assert conn is not None
+                record.status = head.status
+                if head.status >= 500:
+                    record.outcome = "upstream_error"
+                elif head.status >= 400:
+                    record.outcome = "rejected"
+                response, done = await self._relay_direct(conn, head, plan, record, client, timeout)
+                return response
         except asyncio.CancelledError:
             record.outcome = "client_abort"
             raise
@@ -449,7 +452,7 @@ class Tap:
                     conn.abort()  # the upstream sees the request cancelled (vLLM counts an abort)
 
     async def _relay_direct(self, conn: Connection, head: Head, plan: UpstreamRequest, record: RequestRecord,
-                            client: web.Request | None, deadline: float) -> tuple[web.StreamResponse, bool]:
+                            client: web.Request | None, timeout: asyncio.Timeout) -> tuple[web.StreamResponse, bool]:
         """Relay from `conn` inside its `data_received`: each read is accounted and written to the client's
         transport at once. This coroutine only waits: for the end, a slow client (drain, then read on) or a
         gone one. Returns the response and whether the upstream response ended cleanly."""
@@ -573,32 +576,32 @@ class Tap:
         assert ended is not None
         ended.add_done_callback(lambda _: state.wake())
         try:
-            async with asyncio.timeout_at(deadline):
-                conn.attach(sink)  # what came with the upstream's head goes out now, the headers with it
-                if not headers_sent and not ended.done() and isinstance(writer, StreamWriter):
-                    headers_sent = True  # the head came alone: so do the client's (the end would take them along)
-                    try:
-                        writer.send_headers()
-                    except aiohttp.ClientConnectionResetError:
-                        state.gone = True  # ends below as a client abort
-                while True:
-                    if state.gone:
-                        raise _ClientGone()
-                    if state.paused:
-                        state.paused = False
-                        if writer is not None:
-                            await writer.drain()
-                        conn.resume()
-                        continue
-                    if ended.done():
-                        break
-                    await state.wait()
-                ended.result()  # raises where the upstream broke off
+            conn.attach(sink)  # what came with the upstream's head goes out now, the headers with it
+            if not headers_sent and not ended.done() and isinstance(writer, StreamWriter):
+                headers_sent = True  # the head came alone: so do the client's (the end would take them along)
+                try:
+                    writer.send_headers()
+                except aiohttp.ClientConnectionResetError:
+                    state.gone = True  # ends below as a client abort
+            while True:
+                if state.gone:
+                    raise _ClientGone()
+                if state.paused:
+                    state.paused = False
+                    if writer is not None:
+                        await writer.drain()
+                    conn.resume()
+                    continue
+                if ended.done():
+                    break
+                await state.wait()
+            ended.result()  # raises where the upstream broke off
             last = relay.finish(head.status)
             self._finish(record)  # before the last bytes: a client that has its answer sees it counted
             if state.gone or (transport is not None and transport.is_closing()):
                 raise _ClientGone()
             if writer is not None:  # the last bytes and the end of the body in one write (one syscall)
+                timeout.reschedule(None)  # the upstream's answer is complete: its deadline no longer applies
                 try:
                     await response.write_eof(last)
                 except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -606,7 +609,9 @@ class Tap:
             return response, True
         except _ClientGone:
             record.outcome = "client_abort"
-        except (TimeoutError, OSError):
+        except (OSError, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and not timeout.expired():
+                raise  # the client left (aiohttp cancels its handler)
             record.outcome = "upstream_error"  # the upstream broke off mid-response, or hung past the deadline
             if owned and fast is not None:
                 fast.take_back(*owned)
