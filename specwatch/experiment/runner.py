@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specwatch import __version__, snapshot
 from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_backend, wait_http_health
+from specwatch.backends.base import HOST
 from specwatch.config import Home
 from specwatch.experiment import environment, passes
 from specwatch.experiment.layout import (
@@ -314,6 +315,8 @@ class Runner:
         backend = self._backend(v)
         args = variant_args(self.plan, v)
         launch = Launch(v.name, tuple(args), free_port(), folder.server_log, self.plan.server.startup_timeout)
+        if self.timeline is not None:  # Prometheus takes the new target up while the server starts
+            self.timeline.target(v.name, f"http://{HOST}:{launch.port}")
         step(f"starting {v.backend.kind} server")
         try:
             server = backend.start(launch)

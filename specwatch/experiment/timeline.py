@@ -4,10 +4,10 @@ dashboard queries over each variant's window are saved to `timeline.json` for th
 The Prometheus is the Debian binary on the repository's own configuration and rules (the local
 stack's `PrometheusServer`); its data lives in the run folder (`prometheus/data`), so a resumed run
 still has the earlier variants' series. Each variant's server is one `vllm` target labelled with
-the variant's name, retargeted when the next server comes up. The exact figures of the report
-come from the `/metrics` snapshots; these curves show how the same quantities moved during the
-passes, as the Grafana panels would (Prometheus scrapes every 5 s and records 1 m rates, so the
-last seconds of a pass may fall after the last scrape).
+the variant's name, retargeted as the next server starts (discovered by the time it answers). The
+exact figures of the report come from the `/metrics` snapshots; these curves show how the same
+quantities moved during the passes, as the Grafana panels would (Prometheus scrapes every 5 s and
+records 1 m rates, so the last seconds of a pass may fall after the last scrape).
 """
 
 from __future__ import annotations
@@ -68,15 +68,24 @@ class Timeline:
         self.server = PrometheusServer(self.folder, Targets(), free_port(), self.binary).start()
         return self.server.url
 
-    def watch(self, variant: str, url: str, timeout: float = FIRST_SCRAPE_SECONDS) -> bool:
+    def target(self, variant: str, url: str) -> None:
         """Scrape `url` as the `vllm` target of `variant` (and nothing else) from now on.
+
+        Called as the server starts: file discovery hands a new target to the scrapes up to 5 s after the
+        file changes, and that wait then passes while the server loads (it is `up 0` until it answers)."""
+        targets = Targets(vllm={variant: url})
+        if self.server is not None and self.server.targets != targets:
+            self.server.retarget(targets)
+
+    def watch(self, variant: str, url: str, timeout: float = FIRST_SCRAPE_SECONDS) -> bool:
+        """`target` `url` if it is not the target already, then wait for a scrape of it.
 
         Returns once Prometheus has scraped it (up == 1), so that the window's first sample is the server
         before any pass; False when that did not happen within `timeout` (the curves then start later).
         """
         if self.server is None:
             return False
-        self.server.retarget(Targets(vllm={variant: url}))
+        self.target(variant, url)
         up = f"up{{job={json.dumps(VLLM_JOB)},variant={json.dumps(variant)}}}"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
