@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import uvloop
 from aiohttp import web
 
-from specwatch.exporter.tap import HOP_BY_HOP, forward_header_lines
+from specwatch.exporter.tap import HOP_BY_HOP, _HeldHeadersResponse, forward_header_lines
 from specwatch.exporter.upstream import Pool, request_bytes
 
 
@@ -98,7 +98,7 @@ def aiohttp_app(pool: Pool, host: str, port: int) -> web.Application:
         conn.send(request_bytes(request.method, request.path_qs, host, port, headers, body))
         assert conn.head is not None and conn.ended is not None
         head = await conn.head
-        response = web.StreamResponse(status=head.status, reason=head.reason, headers={
+        response = _HeldHeadersResponse(status=head.status, reason=head.reason, headers={  # as the tap's
             k: v for k, v in head.headers.items() if k.lower() not in HOP_BY_HOP})
         await response.prepare(request)
         transport = request.transport
