@@ -29,17 +29,7 @@ declare -A CPU
 for kv in $CPUS; do CPU[${kv%%=*}]=${kv#*=}; done
 SPY="$DEV/bin/py-spy"
 [[ -x "$SPY" ]] || SPY=$(command -v py-spy) || { echo "profile_pinned.sh: no py-spy in $DEV/bin or PATH" >&2; exit 1; }
-WORK=$(mktemp -d /tmp/profile.XXXXXX)
-SITE="$WORK/site"
-if [[ $INSTALL == 1 ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$DEV"/whl/*.whl
-fi
-export PYTHONUNBUFFERED=1
-PIDS=()
-cleanup() { kill "${PIDS[@]}" 2>/dev/null || true; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+WORK_PREFIX=profile source "$HERE/pinned_common.sh"
 
 UP=$(free_port); XP=$(free_port)
 taskset -c "${CPU[stub]}" env PYTHONPATH="$SITE" python3 "$HERE/stub_upstream.py" --port "$UP" --chunks 1 \
