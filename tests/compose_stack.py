@@ -56,10 +56,16 @@ class ComposeStack:
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
 
     def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = self._compose(args, timeout)
+        try:
+            done = self._compose(args, timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"`{' '.join(args)}` still running after {timeout:.0f} s\n{self.logs()}\n"
+                                 f"{self.states()}") from exc
         if check and done.returncode != 0:
-            raise AssertionError(f"`{' '.join(args)}` exited {done.returncode}:\n{done.stdout[-3000:]}\n"
-                                 f"{done.stderr[-3000:]}\n{self.logs()}")
+            # compose's own words and the states last: a CI log is often read from its end
+            raise AssertionError(f"`{' '.join(args)}` exited {done.returncode}\n{self.logs()}\n"
+                                 f"--- compose's output:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n"
+                                 f"{self.states()}")
         return done
 
     def docker(self, *args: str, timeout: float = 60) -> str:
@@ -71,6 +77,28 @@ class ComposeStack:
     def logs(self, *services: str, tail: int = 40) -> str:
         done = self._compose(("logs", "--no-color", "--tail", str(tail), *services), 60)
         return f"--- last {tail} log lines of {', '.join(services) or 'every service'}:\n{done.stdout}{done.stderr}"
+
+    def states(self) -> str:
+        """Every container of the project, stopped ones included: status, exit code, OOM kill, restarts and its
+        last health probes; what says why `up --wait` gave up, beside the logs."""
+        ids = self._compose(("ps", "-aq"), 60).stdout.split()
+        if not ids:
+            return "--- no containers"
+        done = subprocess.run([docker_binary(), "inspect", *ids], env=self.env, capture_output=True, text=True,
+                              timeout=60, check=False)
+        if done.returncode != 0:
+            return f"--- docker inspect exited {done.returncode}: {done.stderr[-500:]}"
+        lines = ["--- container states:"]
+        for found in json.loads(done.stdout):
+            state = found["State"]
+            health = state.get("Health") or {}
+            lines.append(f"{found['Name'].lstrip('/')}: {state['Status']} exit={state['ExitCode']} "
+                         f"oom_killed={state['OOMKilled']} restarts={found['RestartCount']} "
+                         f"started={state['StartedAt']} finished={state['FinishedAt']} "
+                         f"health={health.get('Status', '-')}")
+            for probe in (health.get("Log") or [])[-3:]:
+                lines.append(f"    probe {probe['Start']} exit={probe['ExitCode']}: {probe['Output'].strip()[-300:]}")
+        return "\n".join(lines)
 
     def container(self, service: str) -> str:
         out = self.compose("ps", "-q", service).stdout.split()

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,13 +83,28 @@ def stack(request: pytest.FixtureRequest, docker_engine: engine_mod.Engine,
           built: tuple[str, bool]) -> Iterator[ComposeStack]:
     profile: str = request.param
     spec = PROFILES[profile]
-    stack = ComposeStack.create(f"specwatch-test-{profile}", profile, built[1], docker_engine.env,
-                                {"GRAFANA_ADMIN_PASSWORD": PASSWORD, "SPECWATCH_ADMIN_TOKEN": TOKEN,
-                                 **spec["settings"]})
-    stack.compose("down", "-v", "--remove-orphans", timeout=120, check=False)  # a crashed earlier run's
-    started, stack.started_at = time.monotonic(), time.time()
-    stack.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=960)
-    stack.up_seconds = time.monotonic() - started
+
+    def up() -> ComposeStack:
+        """A fresh project on fresh free ports, `down -v` first (a crashed earlier run's), then `up --wait`."""
+        stack = ComposeStack.create(f"specwatch-test-{profile}", profile, built[1], docker_engine.env,
+                                    {"GRAFANA_ADMIN_PASSWORD": PASSWORD, "SPECWATCH_ADMIN_TOKEN": TOKEN,
+                                     **spec["settings"]})
+        stack.compose("down", "-v", "--remove-orphans", timeout=120, check=False)
+        started, stack.started_at = time.monotonic(), time.time()
+        stack.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=960)
+        stack.up_seconds = time.monotonic() - started
+        return stack
+
+    try:
+        stack = up()
+    except AssertionError as first:
+        # Once in CI (2026-12-02) `up --wait` of the cpu stack failed ~15 s after its exporter started, with every
+        # server healthy and its cause cut from the log. A failed start is said, whole, in the warnings summary
+        # and the timings, and the stack gets one more start from scratch: a second failure fails the tier.
+        warnings.warn(f"{profile}: the first `docker compose up --wait` failed; started again:\n{first}",
+                      stacklevel=1)
+        timings(request.config, profile, first_up_failed=str(first)[-4000:])
+        stack = up()
     timings(request.config, profile, up_healthy_s=round(stack.up_seconds, 1))
     print(f"\n{stack.project}: healthy in {stack.up_seconds:.0f} s")
     yield stack
