@@ -119,8 +119,27 @@ variants:
         assert rate is not None and rate < 0.2, (task, rate)
     verdicts = {(v.variant, v.task): v for v in verdict.judge(run, "baseline", 2)}
     assert not verdicts[("draft-first8", "code")].go and not verdicts[("draft-first8", "chat")].go
+    baseline = run.variant("baseline")
+    assert baseline is not None
+    for variant in (ngram, truncated):
+        # Greedy speculative outputs equal the baseline's up to float numerics: a near-tie token can flip with
+        # the batch (once in CI-like runs here: 1 chat request of 2, both variants alike, after 185 of 242
+        # characters). vLLM's own spec-decode correctness tests allow the same: "expect at least 66% of the
+        # prompts to match exactly" (tests/v1/e2e/test_spec_decode.py). At concurrency 1 here 3 of 4 differ.
+        pairs = [(o.text, {b.index: b.text for b in baseline.outputs[task]}[o.index])
+                 for task in ("code", "chat") for o in variant.outputs[task]]
+        matches = sum(mine == theirs for mine, theirs in pairs)
+        assert len(pairs) == 4 and matches > int(0.66 * len(pairs)), (variant.name, matches, pairs)
     for v in verdicts.values():
-        assert "outputs identical to the baseline's (2/2)" in v.reason, v.reason
+        # the verdict's quality line says what the outputs are, request by request
+        mine = run.variant(v.variant)
+        assert mine is not None
+        texts = {o.index: o.text for o in baseline.outputs[v.task]}
+        differ = sum(o.text != texts[o.index] for o in mine.outputs[v.task])
+        expected = ("outputs identical to the baseline's (2/2)" if differ == 0 else
+                    f"outputs differ from the baseline's in {differ} of 2 requests (quality check fails)")
+        assert expected in v.reason, v.reason
+        assert differ == 0 or not v.go, v.reason
         # 20 requests per side: the judge's minimum, so each performance line carries its interval and n
         tpot = next(m for m in v.metrics if m.metric == "tpot")
         assert tpot.comparison is not None and tpot.comparison.effect is not None, tpot.text
