@@ -84,12 +84,12 @@ class ComposeStack:
         ids = self._compose(("ps", "-aq"), 60).stdout.split()
         if not ids:
             return "--- no containers"
-        done = subprocess.run([docker_binary(), "inspect", *ids], env=self.env, capture_output=True, text=True,
-                              timeout=60, check=False)
-        if done.returncode != 0:
-            return f"--- docker inspect exited {done.returncode}: {done.stderr[-500:]}"
+        try:
+            inspected = self.docker("inspect", *ids)
+        except AssertionError as exc:  # a diagnosis that fails says so rather than hide the failure it explains
+            return f"--- {exc}"
         lines = ["--- container states:"]
-        for found in json.loads(done.stdout):
+        for found in json.loads(inspected):
             state = found["State"]
             health = state.get("Health") or {}
             lines.append(f"{found['Name'].lstrip('/')}: {state['Status']} exit={state['ExitCode']} "

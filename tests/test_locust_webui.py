@@ -32,7 +32,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 USERS = 4
 WARMUP = 2
 MAX_TOKENS = 16
-STOP_S = 20.0  # Stop until Locust's runner says "stopped" (0.01-0.1 s here, even beside a loaded disk)
+STOP_S = 20.0  # Stop until Locust's runner says "stopped" (worst 0.16 s in 55 stops here, beside CPU and disk load)
 BUDGET_S = 55.0  # the whole test, Locust's start and shutdown included
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
