@@ -424,3 +424,59 @@ def test_the_relay_pool_keeps_a_bounded_number_of_idle_connections_and_closes_st
     assert (after_peak, kept) == (3, 3)  # the three oldest closed at once
     assert newest  # the most recently used connection is the one reused
     assert (quiet, left) == (0, 0)
+
+
+def _turns_with_io(loop_factory: Any, cancel: str = "") -> list[str]:
+    """Four stream ends queued on `Turns`; the first one's work makes a socket readable (a new request
+    arrives while it runs): the order in which the ends and the socket's read callback run (`cancel`: an
+    end cancelled before its turn)."""
+    import asyncio
+    import socket
+
+    from specwatch.exporter.turns import Turns
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        turns, order = Turns(), []
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        loop.add_reader(b.fileno(), lambda: (b.recv(64), order.append("io")))
+
+        async def end(name: str) -> None:
+            await turns.wait()
+            order.append(name)
+            if name == "A":
+                a.send(b"x")
+
+        tasks = {name: asyncio.create_task(end(name)) for name in "ABCD"}
+        await asyncio.sleep(0)  # all four are waiting for their turn
+        assert len(turns) == 4
+        if cancel:
+            tasks[cancel].cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        loop.remove_reader(b.fileno())
+        a.close()
+        b.close()
+        assert len(turns) == 0
+        return order
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(scenario())
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+def test_stream_ends_take_turns_so_new_io_is_served_between_them(loop_name: str) -> None:
+    """One end per loop iteration: what arrives during one end runs before the third end, not after the last
+    (asyncio runs a callback made ready before its poll first, so the second end may come before it)."""
+    import asyncio
+
+    import uvloop
+
+    factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
+    order = _turns_with_io(factory)
+    assert [x for x in order if x != "io"] == ["A", "B", "C", "D"], order  # in arrival order
+    assert order.count("io") == 1 and order.index("io") < order.index("C"), order
+    order = _turns_with_io(factory, cancel="C")
+    assert [x for x in order if x != "io"] == ["A", "B", "D"], order  # a cancelled end gives up its turn

@@ -22,6 +22,7 @@
 #                      [--specwatch-workers N] [--stagger-ms MS --stagger-concurrency 64,256
 #                       --stagger-requests 64:512,256:1024 --stagger-max-seconds 120]
 #                      [--stub-processes N] [--client-processes P] [--skip nginx,router,specwatch,specwatch-ref]
+#                      [--fronts] [--variant NAME=FLAGS ...]
 # --specwatch-workers N: also measure `specwatch exporter --workers N` (this checkout's build) as
 #   `specwatch-wN`, its process tree pinned to the cpu plan's `specwatchw` set (default 8-11).
 # --stagger-ms MS: after the lock-step pass, a second pass of the same paths with a desynchronised
@@ -33,6 +34,15 @@
 #   --client-processes 4, so neither saturates (1024 streams are ~100k SSE chunks/s to write and parse).
 # --skip LIST: leave these paths out (started neither nor measured), e.g. --skip specwatch,specwatch-ref
 #   to measure only direct, direct-aa, nginx and specwatch-wN (with --specwatch-workers N).
+# --fronts: also measure the two bare fronts of raw_front.py over the tap's own upstream client, each on a
+#   core of its own: `bare` (an asyncio.Protocol front: no aiohttp server, no accounting, every chunk
+#   relayed in Python) and `aiohttp-bare` (the same work behind an aiohttp handler). They are the floor a
+#   Python front of this design starts from: where `bare` itself adds more than a target allows at a
+#   level, no Python front on one core meets it there. Their cores are the plan's `bare` and `aiobare`
+#   (by default the router's and specwatchref's, which must then be unused: no vllm-router, no src-ref).
+# --variant NAME=FLAGS (repeatable): also measure this checkout's exporter started with FLAGS added (e.g.
+#   'specwatch-py=--no-fast-relay'), as path NAME, each on a core of its own: the plan's variant1,
+#   variant2, ... (by default the cores 12, 13, 14, free in the 16-core plan without --stub-processes).
 # --probe: start everything, send one streamed request through each path, print the machine's
 # topology, versions and affinities, run a tiny bench (C=1 and C=256, one round), and stop.
 # Without --cpus the cores are chosen from the topology: one logical CPU per physical core, in
@@ -77,6 +87,8 @@ STAGGER_MAXSEC=120
 STUB_PROCS=1
 CLIENT_PROCS=1
 SKIP=""
+FRONTS=0
+VARIANTS=()
 
 die() { echo "run_pinned.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -102,6 +114,8 @@ while [[ $# -gt 0 ]]; do
     --stub-processes) STUB_PROCS="$2"; shift 2 ;;
     --client-processes) CLIENT_PROCS="$2"; shift 2 ;;
     --skip) SKIP="$2"; shift 2 ;;
+    --fronts) FRONTS=1; shift ;;
+    --variant) [[ "$2" == *=* ]] || die "--variant takes NAME=FLAGS"; VARIANTS+=("$2"); shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
@@ -356,6 +370,12 @@ EOF
 fi
 declare -A CPU
 for kv in $CPUS; do CPU[${kv%%=*}]=${kv#*=}; done
+if [[ $FRONTS == 1 && -z "${CPU[bare]:-}" ]]; then  # the router's and the reference's cores, where unused
+  [[ $ROUTER_OK == 0 && $HAVE_REF == 0 && -n "${CPU[router]:-}" && -n "${CPU[specwatchref]:-}" ]] \
+    || die "--fronts needs cores: pass --cpus with bare=N aiobare=M, or leave vllm-router and src-ref out"
+  CPU[bare]=${CPU[router]}; CPU[aiobare]=${CPU[specwatchref]}
+  CPUS="$CPUS bare=${CPU[bare]} aiobare=${CPU[aiobare]}"
+fi
 for r in stub client nginx specwatch sampler; do [[ -n "${CPU[$r]:-}" ]] || die "--cpus has no $r"; done
 if [[ $ROUTER_OK == 1 && -z "${CPU[router]:-}" ]]; then ROUTER_OK=0; note "vllm-router: no core in the cpu plan, left out"; fi
 note "cpu plan: $CPUS"
@@ -474,6 +494,32 @@ if [[ $SW_WORKERS -gt 0 ]]; then
   [[ -n "$XP" ]] || XP=$XW
   META+=(--meta "specwatch-w$SW_WORKERS=the specwatch command with --workers $SW_WORKERS, its process tree pinned to CPUs ${CPU[specwatchw]}")
 fi
+
+if [[ $FRONTS == 1 ]]; then
+  for front in bare aiohttp-bare; do
+    FP=$(free_port); core=${CPU[bare]}; extra=()
+    [[ $front == aiohttp-bare ]] && { core=${CPU[aiobare]}; extra=(--aiohttp --handler-cancellation); }
+    start "$front" "$core" env PYTHONPATH="$SRC:$SITE" PYTHONUNBUFFERED=1 python3 "$HERE/raw_front.py" \
+      --upstream "http://127.0.0.1:$UP" --port "$FP" "${extra[@]}"
+    wait_port "$front" "$FP" 30 || die "raw_front.py ($front) did not start"
+    TARGETS+=("$front=http://127.0.0.1:$FP@$(pid_of "$front")")
+    META+=(--meta "$front=bench/perf/raw_front.py ${extra[*]} (a bare front over the tap's upstream client, no accounting), pinned to CPU $core")
+  done
+fi
+
+vi=0
+for v in "${VARIANTS[@]}"; do
+  vi=$((vi + 1)); name=${v%%=*}; read -r -a flags <<<"${v#*=}"
+  core=${CPU[variant$vi]:-$((11 + vi))}
+  [[ $core -lt $(nproc) ]] || die "--variant $name: no core $core here (pass --cpus with variant$vi=N)"
+  VP=$(free_port)
+  start "$name" "$core" env PYTHONPATH="$SRC:$SITE" PYTHONUNBUFFERED=1 python3 -m specwatch.cli exporter \
+    --upstream "baseline=http://127.0.0.1:$UP" --web.listen-address "127.0.0.1:$VP" "${flags[@]}"
+  wait_port "$name" "$VP" 60 || die "the exporter variant $name did not start"
+  wait_http "$name" "http://127.0.0.1:$VP/healthz" 20 || die "the exporter variant $name did not answer /healthz"
+  TARGETS+=("$name=http://127.0.0.1:$VP@$(pid_of "$name")")
+  META+=(--meta "$name=the specwatch command with ${flags[*]}, pinned to CPU $core")
+done
 
 # ---------------------------------------------------------------- smoke test + warm-up
 KEY="sk-$(python3 -c 'import secrets; print(secrets.token_hex(24))')"

@@ -38,6 +38,7 @@ from specwatch.exporter.fastrelay import FastRelay
 from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.routing import VARIANT_HEADER, Router
 from specwatch.exporter.sse import Event, PlainReader, SseSplitter, _decoded
+from specwatch.exporter.turns import Turns
 from specwatch.exporter.upstream import Connection, Head, Pool, request_bytes
 
 log = logging.getLogger("specwatch.exporter")
@@ -56,15 +57,17 @@ class _ClientGone(Exception):
 
 
 class _Wake:
-    """What the relay callback tells the waiting handler: wake up, the client is slow (paused) or gone."""
+    """What the relay callback tells the waiting handler: wake up, the client is slow (paused) or gone, or
+    the relay thread handed the stream's end back (`unread`: its bytes, fed at the handler's turn)."""
 
-    __slots__ = ("loop", "fut", "paused", "gone")
+    __slots__ = ("loop", "fut", "paused", "gone", "unread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.fut: asyncio.Future[None] | None = None
         self.paused = False
         self.gone = False
+        self.unread: bytes | None = None
 
     def wake(self) -> None:
         fut = self.fut
@@ -304,6 +307,7 @@ class Tap:
         # digits as before; no getrandom syscall per request)
         self._id_prefix, self._ids = secrets.token_hex(4), itertools.count()
         self.fast: FastRelay | None = None  # the compiled relay thread, where built and enabled (`start`)
+        self.turns = Turns()  # the ends of streams, one per loop iteration (`turns.py`)
 
     def _new_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids) & 0xFFFFFFFF:08x}"
@@ -550,13 +554,15 @@ class Tap:
                 transport.resume_reading()
             if reason == fastrelay.CANCELLED:  # the request is ending (a timeout): no more bytes either way
                 return
-            conn.resume()
             if unsent and not transport.is_closing():
                 transport.write(unsent)
             if reason == fastrelay.CLIENT or transport.is_closing():
-                state.gone = True
-                conn.pause()
+                state.gone = True  # the upstream connection stays paused: nothing more is read for this client
                 return
+            if unread and reason in (fastrelay.UNUSUAL, fastrelay.EOF):
+                state.unread = unread  # most likely the stream's end: the handler feeds it at its turn (`Turns`)
+                return
+            conn.resume()
             if unread:  # as if just read (a slow client too: bounded by one read): the rest goes on in Python
                 conn.data_received(unread)
             if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
@@ -583,19 +589,33 @@ class Tap:
                     writer.send_headers()
                 except aiohttp.ClientConnectionResetError:
                     state.gone = True  # ends below as a client abort
+            turned = False
             while True:
                 if state.gone:
                     raise _ClientGone()
+                if state.unread is not None:  # handed back by the relay thread: read on at this stream's turn
+                    await self.turns.wait()
+                    turned = True
+                    unread, state.unread = state.unread, None
+                    conn.resume()
+                    conn.data_received(unread)
+                    if transport is not None and transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                        state.paused = True
+                        conn.pause()
+                    continue
                 if state.paused:
                     state.paused = False
                     if writer is not None:
                         await writer.drain()
-                    conn.resume()
+                    if state.unread is None:  # else it resumes after those bytes (above), never before them
+                        conn.resume()
                     continue
                 if ended.done():
                     break
                 await state.wait()
             ended.result()  # raises where the upstream broke off
+            if not turned:  # the stream's end waits behind new requests and first chunks, not ahead of them
+                await self.turns.wait()
             last = relay.finish(head.status)
             self._finish(record)  # before the last bytes: a client that has its answer sees it counted
             if state.gone or (transport is not None and transport.is_closing()):

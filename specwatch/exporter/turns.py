@@ -1,0 +1,50 @@
+"""End-of-stream work waits its turn: one stream's ending per event-loop iteration.
+
+Streams that start together end together (a closed-loop client, a batch of equal requests), so the
+work at their ends (the finish and usage chunks, accounting, the last bytes) arrives in bursts, just
+when the same clients send their next requests. Run first-come-first-served, a new request's intake
+and its first chunk queue behind every ending of the burst. `Turns` lets the endings go one per loop
+iteration instead: between two of them the loop polls its sockets and runs everything that arrived
+(new requests, first chunks), so time to first token does not wait for other streams' bookkeeping.
+Nothing is skipped or reordered within a stream; when the loop is quiet a turn costs one iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+
+class Turns:
+    """A queue of waiters released one per loop iteration, in arrival order."""
+
+    def __init__(self) -> None:
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._scheduled = False
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    async def wait(self) -> None:
+        """Return at this waiter's turn (cancellation leaves the queue at once)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
+        if not self._scheduled:
+            self._scheduled = True
+            fut.get_loop().call_soon(self._release)
+        await fut
+
+    def _release(self) -> None:
+        """Wake the first waiter still waiting; come back in the next iteration while any remain.
+        (Callbacks scheduled while the loop runs its ready queue run in its next iteration, after it
+        has polled its sockets: that is the turn.)"""
+        waiting = self._waiting
+        while waiting:
+            fut = waiting.popleft()
+            if not fut.done():  # a cancelled waiter (its client left) gives up its turn
+                fut.set_result(None)
+                break
+        if waiting:
+            asyncio.get_running_loop().call_soon(self._release)
+        else:
+            self._scheduled = False
