@@ -19,7 +19,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -443,7 +443,14 @@ class Tap:
                     record.outcome = "upstream_error"
                 elif head.status >= 400:
                     record.outcome = "rejected"
-                response, done = await self._relay_direct(conn, head, plan, record, client, timeout)
+
+                def release() -> None:  # the upstream's answer is complete: its connection may serve the next one
+                    nonlocal conn
+                    if conn is not None:
+                        self.pool.release(host, port, conn)
+                        conn = None
+
+                response, done = await self._relay_direct(conn, head, plan, record, client, timeout, release)
                 return response
         except asyncio.CancelledError:
             record.outcome = "client_abort"
@@ -456,10 +463,13 @@ class Tap:
                     conn.abort()  # the upstream sees the request cancelled (vLLM counts an abort)
 
     async def _relay_direct(self, conn: Connection, head: Head, plan: UpstreamRequest, record: RequestRecord,
-                            client: web.Request | None, timeout: asyncio.Timeout) -> tuple[web.StreamResponse, bool]:
+                            client: web.Request | None, timeout: asyncio.Timeout,
+                            release: Callable[[], None]) -> tuple[web.StreamResponse, bool]:
         """Relay from `conn` inside its `data_received`: each read is accounted and written to the client's
         transport at once. This coroutine only waits: for the end, a slow client (drain, then read on) or a
-        gone one. Returns the response and whether the upstream response ended cleanly."""
+        gone one. Once the upstream's answer is complete, `release()` hands `conn` back (to the pool), before
+        the stream's end waits its turn: nothing here touches `conn` after that. Returns the response and
+        whether the upstream response ended cleanly."""
         response = _HeldHeadersResponse(status=head.status, reason=head.reason or None,
                                         headers=_forward_headers(head.headers))
         writer = await response.prepare(client) if client is not None else None
@@ -614,6 +624,7 @@ class Tap:
                     break
                 await state.wait()
             ended.result()  # raises where the upstream broke off
+            release()  # a new request need not open a connection while this stream's end waits
             if not turned:  # the stream's end waits behind new requests and first chunks, not ahead of them
                 await self.turns.wait()
             last = relay.finish(head.status)
