@@ -440,7 +440,12 @@ def _turns_with_io(loop_factory: Any, cancel: str = "") -> list[str]:
         turns, order = Turns(), []
         a, b = socket.socketpair()
         b.setblocking(False)
-        loop.add_reader(b.fileno(), lambda: (b.recv(64), order.append("io")))
+
+        def readable() -> None:
+            b.recv(64)
+            order.append("io")
+
+        loop.add_reader(b.fileno(), readable)
 
         async def end(name: str) -> None:
             await turns.wait()
