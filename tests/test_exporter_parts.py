@@ -485,3 +485,26 @@ def test_stream_ends_take_turns_so_new_io_is_served_between_them(loop_name: str)
     assert order.count("io") == 1 and order.index("io") < order.index("C"), order
     order = _turns_with_io(factory, cancel="C")
     assert [x for x in order if x != "io"] == ["A", "B", "D"], order  # a cancelled end gives up its turn
+
+
+def test_a_long_queue_of_stream_ends_drains_an_eighth_per_iteration() -> None:
+    """Never more than max(1, waiting // 8) ends per loop iteration, and 256 of them within 50 iterations."""
+    import asyncio
+
+    from specwatch.exporter.turns import Turns
+
+    async def scenario() -> list[int]:
+        turns = Turns()
+        tasks = [asyncio.create_task(turns.wait()) for _ in range(256)]
+        await asyncio.sleep(0)  # every task waits; the first release is scheduled
+        sizes = [len(turns)]
+        while len(turns) and len(sizes) < 300:
+            await asyncio.sleep(0)  # one loop iteration
+            sizes.append(len(turns))
+        await asyncio.gather(*tasks)
+        return sizes
+
+    sizes = asyncio.run(scenario())
+    assert sizes[0] == 256 and sizes[-1] == 0, sizes
+    assert all(0 <= a - b <= max(1, a // 8) for a, b in zip(sizes, sizes[1:], strict=False)), sizes
+    assert len(sizes) <= 50 and sizes[1] < 256, sizes
