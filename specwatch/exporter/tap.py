@@ -307,7 +307,7 @@ class Tap:
         # digits as before; no getrandom syscall per request)
         self._id_prefix, self._ids = secrets.token_hex(4), itertools.count()
         self.fast: FastRelay | None = None  # the compiled relay thread, where built and enabled (`start`)
-        self.turns = Turns()  # the ends of streams, one per loop iteration (`turns.py`)
+        self.turns = Turns()  # the ends of streams, a few per loop iteration (`turns.py`)
 
     def _new_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids) & 0xFFFFFFFF:08x}"
@@ -467,9 +467,9 @@ class Tap:
                             release: Callable[[], None]) -> tuple[web.StreamResponse, bool]:
         """Relay from `conn` inside its `data_received`: each read is accounted and written to the client's
         transport at once. This coroutine only waits: for the end, a slow client (drain, then read on) or a
-        gone one. Once the upstream's answer is complete, `release()` hands `conn` back (to the pool), before
-        the stream's end waits its turn: nothing here touches `conn` after that. Returns the response and
-        whether the upstream response ended cleanly."""
+        gone one. Once the upstream's answer is complete, `release()` hands `conn` back (to the pool) at once,
+        before the accounting and the last bytes (and before their turn, where one is still to come): nothing
+        here touches `conn` after that. Returns the response and whether the upstream response ended cleanly."""
         response = _HeldHeadersResponse(status=head.status, reason=head.reason or None,
                                         headers=_forward_headers(head.headers))
         writer = await response.prepare(client) if client is not None else None

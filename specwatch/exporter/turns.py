@@ -27,10 +27,12 @@ class Turns:
         self._scheduled = False
 
     def __len__(self) -> int:
+        """Waiters queued, cancelled ones not yet skipped included."""
         return len(self._waiting)
 
     async def wait(self) -> None:
-        """Return at this waiter's turn (cancellation leaves the queue at once)."""
+        """Return at this waiter's turn. A waiter cancelled meanwhile (its client left) stays queued until
+        its turn comes and is skipped then, taking none of the share."""
         fut = asyncio.get_running_loop().create_future()
         self._waiting.append(fut)
         if not self._scheduled:
