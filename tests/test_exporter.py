@@ -6,6 +6,7 @@ import contextlib
 import json
 import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -182,6 +183,46 @@ def test_upstream_down_gives_502_and_upstream_up_drops(service_factory):
     assert r.status_code == 502 and r.json()["error"]["code"] == 502
     assert value(tap.url, "specwatch_requests_total", outcome="upstream_error") == 1
     assert value(tap.url, "specwatch_upstream_up", variant="baseline") == 0
+
+
+def test_an_upstream_that_resets_every_connection_as_it_accepts_gives_only_502s(service_factory):
+    """A server restarting (CI: a crashed simulator back within a second) can accept a connection and reset it
+    at once. The reset may land between the tap's connect and its write: that must be a 502 like any other
+    broken upstream, never a 500 (it was one in about 300, uvloop's write on the closed transport raising
+    RuntimeError). A thousand streamed requests, each on a new connection, every one a counted 502."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=512)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def reset_each() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            conn.close()
+
+    thread = threading.Thread(target=reset_each, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        codes: dict[int, int] = {}
+        with requests.Session() as session:
+            for _ in range(1000):
+                r = session.post(tap.url + "/v1/chat/completions", json=body, timeout=30)
+                codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                if r.status_code != 502:
+                    break
+        assert codes == {502: 1000}, (codes, tap.log.read_text()[-3000:])
+        assert value(tap.url, "specwatch_requests_total", outcome="upstream_error") == 1000
+        assert "Traceback" not in tap.log.read_text()
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
 
 
 @contextlib.contextmanager

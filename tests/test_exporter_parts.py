@@ -508,3 +508,91 @@ def test_a_long_queue_of_stream_ends_drains_an_eighth_per_iteration() -> None:
     assert sizes[0] == 256 and sizes[-1] == 0, sizes
     assert all(0 <= a - b <= max(1, a // 8) for a, b in zip(sizes, sizes[1:], strict=False)), sizes
     assert len(sizes) <= 50 and sizes[1] < 256, sizes
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+def test_a_connection_reset_before_the_request_is_written_refuses_to_send(loop_name: str) -> None:
+    """A server that accepts and resets at once: once the reset is read, `send` raises `NotSent` (an OSError,
+    which the tap answers with a 502 after one more try), where uvloop's write used to raise RuntimeError and
+    asyncio's used to drop the bytes silently (the tap then waited for a head until its deadline)."""
+    import asyncio
+    import socket
+    import struct
+
+    import uvloop
+
+    from specwatch.exporter.upstream import NotSent, Pool
+
+    async def scenario() -> tuple[bool, bool, BaseException | None]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        loop = asyncio.get_running_loop()
+        pool = Pool()
+        conn, reused = await pool.acquire("127.0.0.1", listener.getsockname()[1])
+        accepted, _ = await loop.sock_accept(listener)
+        accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        accepted.close()  # a reset
+        for _ in range(200):  # until the loop has read the reset
+            if conn.lost:
+                break
+            await asyncio.sleep(0.01)
+        error: BaseException | None = None
+        try:
+            conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        except BaseException as exc:  # noqa: BLE001 - the type is what is checked
+            error = exc
+        pool.close()
+        listener.close()
+        return reused, conn.lost, error
+
+    factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        reused, lost, error = runner.run(scenario())
+    assert not reused and lost
+    assert isinstance(error, NotSent) and isinstance(error, OSError), repr(error)
+
+
+def test_a_connection_released_while_paused_reads_again_and_sees_the_upstream_close() -> None:
+    """A relay may pause reading (a slow or gone client) in the read that ends the response; the pool resumes
+    it, so the upstream closing the idle connection marks it lost and it is never handed out again."""
+    import asyncio
+
+    from specwatch.exporter.upstream import Pool
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        closing: list[asyncio.StreamWriter] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            closing.append(writer)
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = Pool()
+        conn, _ = await pool.acquire("127.0.0.1", port)
+        conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.head is not None and conn.ended is not None
+        await conn.head
+        conn.attach(lambda _: None)
+        await conn.ended
+        conn.pause()
+        pool.release("127.0.0.1", port, conn)
+        for _ in range(100):
+            if closing:
+                break
+            await asyncio.sleep(0.01)
+        closing[0].close()  # the upstream closes the idle connection
+        for _ in range(100):
+            if conn.lost:
+                break
+            await asyncio.sleep(0.01)
+        again, reused = await pool.acquire("127.0.0.1", port)
+        server.close()
+        pool.close()
+        again.abort()
+        return conn.lost, again is conn, reused
+
+    lost, same, reused = asyncio.run(scenario())
+    assert lost and not same and not reused

@@ -124,17 +124,22 @@ def test_recorded_acceptance_equals_exact_snapshot_differences_on_the_simulator(
     prom = prometheus_factory(Targets({"baseline": baseline.url, "candidate": candidate.url}, (tap.url,)))
     prom.wait_until_up(3)
     start = time.monotonic()
-    server_before, tap_before = snapshot(candidate.url), snapshot(tap.url)
+    server_before, tap_before, baseline_before = snapshot(candidate.url), snapshot(tap.url), snapshot(baseline.url)
     run_load(tap, data, tmp_path / "load", "--concurrency", "4", "--requests", "16", "--warmup", "1",
              "--max-tokens", "32")
-    server_after, tap_after = settled(candidate.url), settled(tap.url)
+    server_after, tap_after, baseline_after = settled(candidate.url), settled(tap.url), settled(baseline.url)
     # every request reached a server through the tap, and the tap summed exactly what vLLM counted
     assert delta(tap_before, tap_after, "specwatch_spec_steps_total", variant="candidate") == \
         delta(server_before, server_after, "vllm:spec_decode_num_drafts_total")
+    assert delta(baseline_before, baseline_after, "vllm:generation_tokens_total") > 0  # the split sent it some
+    # The baseline too: its targets are scraped at their own phase, and a rate needs a sample after the load
+    # (CI once evaluated the rules between the candidate's last scrape and the baseline's: no baseline rate).
     last = max(wait_for_totals(prom, server_after, SERVER_COUNTERS, '{variant="candidate"}'),
-               wait_for_totals(prom, tap_after, TAP_COUNTERS))
-    prom.wait_evaluated(last, *(f"{r}:ratio_rate{w}" for w in ("1m", "5m") for r in (
-        "variant_task:specwatch_acceptance_rate", "variant:vllm_spec_decode_acceptance_rate")))
+               wait_for_totals(prom, tap_after, TAP_COUNTERS),
+               wait_for_totals(prom, baseline_after, ("vllm:generation_tokens_total",), '{variant="baseline"}'))
+    ratios = ("variant_task:specwatch_acceptance_rate", "variant:vllm_spec_decode_acceptance_rate")
+    prom.wait_evaluated(last, "variant:vllm_generation_tokens:rate5m",
+                        *(f"{r}:ratio_rate{w}" for w in ("1m", "5m") for r in ratios))
     assert time.monotonic() - start < 55, "the load outlasted the 1m window; the fast rules cannot be compared"
     for window in ("1m", "5m"):
         check_server_side(prom, "candidate", server_before, server_after, window)

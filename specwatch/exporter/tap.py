@@ -39,7 +39,7 @@ from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.routing import VARIANT_HEADER, Router
 from specwatch.exporter.sse import Event, PlainReader, SseSplitter, _decoded
 from specwatch.exporter.turns import Turns
-from specwatch.exporter.upstream import Connection, Head, Pool, request_bytes
+from specwatch.exporter.upstream import Connection, Head, NotSent, Pool, request_bytes
 
 log = logging.getLogger("specwatch.exporter")
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -422,15 +422,17 @@ class Tap:
                 try:
                     for attempt in (1, 2):
                         conn, reused = await self.pool.acquire(host, port)
-                        conn.send(payload)
-                        assert conn.head is not None
                         try:
+                            conn.send(payload)
+                            assert conn.head is not None
                             head = await conn.head
                             break
-                        except ConnectionError:
-                            # a kept-alive connection the upstream closed meanwhile: once more on a fresh one
-                            if attempt == 2 or not reused or conn.received:
+                        except ConnectionError as exc:
+                            # gone before the request left (`NotSent`: even a new connection, reset as it was
+                            # accepted), or a kept-alive one the upstream closed meanwhile: once more on a fresh one
+                            if attempt == 2 or conn.received or not (reused or isinstance(exc, NotSent)):
                                 raise
+                            conn.abort()
                 except (OSError, asyncio.CancelledError) as exc:
                     if isinstance(exc, asyncio.CancelledError) and not timeout.expired():
                         raise

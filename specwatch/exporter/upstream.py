@@ -37,6 +37,10 @@ class Head:
         self.status, self.reason, self.headers = status, reason, headers
 
 
+class NotSent(ConnectionResetError):
+    """The connection was gone before the request was written: nothing of it reached the upstream."""
+
+
 class Connection(asyncio.Protocol):
     """One upstream connection. `send()` a request, await `head`, then `attach()` a body callback;
     `ended` resolves when the response is complete (None) or broke off (an exception)."""
@@ -110,13 +114,17 @@ class Connection(asyncio.Protocol):
 
     # -- the request ---------------------------------------------------------------------------
     def send(self, payload: bytes, head_request: bool = False) -> None:
-        assert self.transport is not None
+        """Write the request. Raises `NotSent` where the connection is already gone: the upstream closed or
+        reset it (even one just opened: a server that accepts and resets at once), so no byte of it left."""
+        transport = self.transport
+        if transport is None or self.lost or transport.is_closing():
+            raise NotSent("upstream closed the connection before the request was sent")
         self.head = self.loop.create_future()
         self.ended = self.loop.create_future()
         self.received = False
         self._state, self._buf, self._sink, self._pending = _HEAD, b"", None, []
         self._no_body = head_request
-        self.transport.write(payload)
+        transport.write(payload)
 
     def attach(self, sink: Callable[[bytes], None]) -> None:
         """From now on every body read goes to `sink` at once; what arrived before goes first."""
@@ -324,6 +332,7 @@ class Pool:
         if not conn.reusable or self._closed:
             conn.abort()
             return
+        conn.resume()  # an idle connection reads: the upstream's close is seen there, not on the next request
         idle = self._idle.setdefault((host, port), [])
         idle.append(conn)
         if len(idle) > self.max_idle:
