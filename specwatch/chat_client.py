@@ -7,7 +7,7 @@ through `chat_template_kwargs`. Responses are returned whole (raw JSON), in inpu
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -50,15 +50,16 @@ def post_json(session: requests.Session, url: str, body: dict[str, Any], timeout
 
 
 def run_chat(base_url: str, rows: Sequence[Row], *, max_tokens: int = 256, concurrency: int = 4,
-             model: str = SERVED_MODEL_NAME) -> list[Result]:
-    """Send every row (at most `concurrency` in flight); results in the order of `rows`."""
+             model: str = SERVED_MODEL_NAME, extra: Mapping[str, Any] | None = None) -> list[Result]:
+    """Send every row (at most `concurrency` in flight); results in the order of `rows`. `extra`: more body
+    fields (the acceptance pass asks for the top logprobs)."""
     url = base_url.rstrip("/") + "/v1/chat/completions"
     session = requests.Session()
     session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=max(concurrency, 10)))
 
     def one(row: Row) -> Result:
         start = time.perf_counter()
-        body = post_json(session, url, chat_body(row, max_tokens, model))
+        body = post_json(session, url, chat_body(row, max_tokens, model, **(extra or {})))
         return Result(row, body, time.perf_counter() - start)
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,35 @@ def test_the_report_shows_the_saved_figures_and_is_self_contained(study: Path, c
     assert "No Prometheus ran beside this study" in md  # run with --no-prometheus: said, not hidden
 
 
+def _vllm_token(token: str, logprob: float, *alternatives: tuple[str, float]) -> dict[str, object]:
+    """One entry of `choices[0].logprobs.content` as vLLM 0.32 answers `logprobs: true, top_logprobs: 2`."""
+    def entry(t: str, lp: float) -> dict[str, object]:
+        return {"token": t, "logprob": lp, "bytes": list(t.encode())}
+    return {**entry(token, logprob), "top_logprobs": [entry(token, logprob)] + [entry(t, lp) for t, lp in alternatives]}
+
+
+def test_the_report_reads_the_acceptance_pass_logprobs_and_names_a_malformed_one(study: Path, tmp_path: Path) -> None:
+    """A response carrying logprobs in vLLM's shape is read token by token (the simulator answers none; the real
+    server's study below checks that the pass asks for them), a malformed one refused with its file and record."""
+    folder = tmp_path / "copy"
+    shutil.copytree(study, folder)
+    path = folder / "variants" / "ngram" / "acceptance" / "code.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(r["response"]["choices"][0]["logprobs"] is None for r in records)
+    assert all(o.tokens == () for o in results.load(study).variant("ngram").outputs["code"])  # type: ignore[union-attr]
+    records[1]["response"]["choices"][0]["logprobs"] = {"content": [
+        _vllm_token("def", -0.01, ("class", -4.7)), _vllm_token(" scale", -1.8725, (" f", -1.9975))]}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    outputs = results.load(folder).variant("ngram").outputs["code"]  # type: ignore[union-attr]
+    assert outputs[1].tokens == (results.Token("def", -0.01, (("def", -0.01), ("class", -4.7))),
+                                 results.Token(" scale", -1.8725, ((" scale", -1.8725), (" f", -1.9975))))
+    assert outputs[0].tokens == ()
+    records[1]["response"]["choices"][0]["logprobs"] = {"content": [{"token": "def"}]}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(results.ResultsError, match=r"code\.jsonl, record 2: .*logprobs\.content"):
+        results.load(folder)
+
+
 def test_the_code_edit_check_reads_the_article_prompt() -> None:
     prompt = article_prompt("code", 3)
     right = SOURCE.replace("return value * 4", "return value * 103")
@@ -122,25 +152,31 @@ variants:
     baseline = run.variant("baseline")
     assert baseline is not None
     differ: dict[tuple[str, str], int] = {}  # (variant, task): requests whose greedy text is not the baseline's
+    for variant in (baseline, ngram, truncated):
+        for task in ("code", "chat"):
+            # the pass asked for the top two logprobs: every output token came back with its runner-up
+            assert all(len(o.tokens) == o.completion_tokens > 0 and all(len(t.top) == 2 for t in o.tokens)
+                       for o in variant.outputs[task]), (variant.name, task)
     for variant in (ngram, truncated):
         for task in ("code", "chat"):
             texts = {o.index: o.text for o in baseline.outputs[task]}
             assert len(variant.outputs[task]) == 2, (variant.name, task)
             differ[variant.name, task] = sum(o.text != texts[o.index] for o in variant.outputs[task])
-        # Greedy speculative outputs equal the baseline's up to float numerics: a near-tie token can flip with
-        # the batch (once in CI-like runs here: 1 chat request of 2, both variants alike, after 185 of 242
-        # characters). vLLM's own spec-decode correctness tests allow the same: "expect at least 66% of the
-        # prompts to match exactly" (tests/v1/e2e/test_spec_decode.py). At concurrency 1 here n-gram's differed
-        # in 3 of 4, the draft's in 2 of 4.
-        matches = 4 - differ[variant.name, "code"] - differ[variant.name, "chat"]
-        assert matches > int(0.66 * 4), (variant.name, differ)
+            # Greedy speculative outputs equal the baseline's up to the numerics of a bfloat16 forward pass: where
+            # the two best tokens are a rounding step apart the argmax can flip with the batch shape (seen here:
+            # chat row 1, token 35, " using" 0.125 nats above " a" in the baseline, the two tied in the variant).
+            # Every difference must part at such a near-tie; anything else is a speculative-decoding bug.
+            same = quality.identity(variant.outputs[task], baseline.outputs[task])
+            assert len(same.partings) == differ[variant.name, task], (variant.name, task, same)
+            assert all(p.near_tie() for p in same.partings), [p.describe() for p in same.partings]
     for v in verdicts.values():
         # the verdict's quality line says what the outputs are, request by request
         n = differ[v.variant, v.task]
         expected = ("outputs identical to the baseline's (2/2)" if n == 0 else
-                    f"outputs differ from the baseline's in {n} of 2 requests (quality check fails)")
+                    f"outputs identical to the baseline's in {2 - n} of 2 requests; the other {n} part"
+                    f"{'s' if n == 1 else ''} at a near-tie")
         assert expected in v.reason, v.reason
-        assert n == 0 or not v.go, v.reason
+        assert "quality check fails" not in v.reason, v.reason
         # 20 requests per side: the judge's minimum, so each performance line carries its interval and n
         tpot = next(m for m in v.metrics if m.metric == "tpot")
         assert tpot.comparison is not None and tpot.comparison.effect is not None, tpot.text

@@ -16,8 +16,8 @@ from specwatch import judge, resources
 from specwatch.acceptance import Acceptance
 from specwatch.canary import policy as policy_mod
 from specwatch.load.results import RequestResult
-from specwatch.report import plots, render, verdict
-from specwatch.report.results import Output, RunResults, VariantResults
+from specwatch.report import plots, quality, render, verdict
+from specwatch.report.results import Output, RunResults, Token, VariantResults
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_REQUESTS = yaml.safe_load((REPO / "examples/plans/cpu-study.yaml").read_text())["performance"]["requests"]
@@ -221,3 +221,62 @@ def test_a_faster_variant_that_streams_in_bursts_is_go_with_a_caution_not_no_go(
     assert found["itl_p95"] == "worse" and found["tpot"] == "better" and found["output_tps"] == "better", v.reason
     assert v.outcome == "go", v.reason
     assert "caution: ITL p95 worse beyond the tolerance" in v.reason
+
+
+def _tokens(texts: list[str], chosen: list[float], runner_up: list[tuple[str, float]]) -> tuple[Token, ...]:
+    """Greedy tokens: each chosen with its logprob, the runner-up beside it in the top two."""
+    return tuple(Token(t, lp, ((t, lp), alt)) for t, lp, alt in zip(texts, chosen, runner_up, strict=True))
+
+
+# The parting measured on the real CPU server (SmolLM2-135M, bfloat16; chat row 1, token 35): the baseline
+# chose " using" 0.125 nats above " a", the n-gram run had the two exactly tied and took " a".
+BASE_TOKENS = _tokens(["A", " method", " using"], [-0.1, -0.2, -1.8725], [("B", -3.0), (" way", -2.5), (" a", -1.9975)])
+TIED = _tokens(["A", " method", " a"], [-0.1, -0.2, -1.9524], [("B", -3.0), (" way", -2.5), (" using", -1.9524)])
+
+
+def _with_outputs(v: VariantResults, *outputs: Output) -> VariantResults:
+    v.outputs = {"code": list(outputs)}
+    return v
+
+
+def test_a_text_that_parts_at_a_near_tie_is_numerics_and_any_other_difference_fails() -> None:
+    n = DEMO_REQUESTS
+    same = Output("code", 0, "A method using", "length", 3, BASE_TOKENS)
+    base = _with_outputs(_variant("baseline", n, 0.06, 8), same, Output("code", 1, "A method using", "length", 3,
+                                                                        BASE_TOKENS))
+    tie = Output("code", 1, "A method a", "length", 3, TIED)
+    v = _one(base, _with_outputs(_variant("fast", n, 0.04, 8), same, tie))
+    assert v.outcome == "go", v.reason
+    assert ("outputs identical to the baseline's in 1 of 2 requests; the other 1 parts at a near-tie (the two "
+            f"runs' top two within {quality.NEAR_TIE_NATS:g} nats: numerics, not quality)") in v.reason, v.reason
+    (parting,) = quality.identity([same, tie], base.outputs["code"]).partings
+    assert (parting.index, parting.position, parting.baseline_token, parting.variant_token) == (1, 2, " using", " a")
+    assert parting.swing == pytest.approx(0.125) and parting.near_tie()
+    # the variant preferred its token by two nats where the baseline's margin was small: not numerics
+    far = Output("code", 1, "A method a", "length", 3,
+                 TIED[:2] + (Token(" a", -0.5, ((" a", -0.5), (" using", -2.5))),))
+    v = _one(base, _with_outputs(_variant("fast", n, 0.04, 8), same, far))
+    assert v.outcome == "no-go" and "outputs differ from the baseline's in 1 of 2 requests (quality check fails)" \
+        in v.reason and "near-tie" not in v.reason, v.reason
+    # the baseline's token is not in the variant's top list at all: no margin to read, a difference
+    unseen = Output("code", 1, "A method a", "length", 3,
+                    TIED[:2] + (Token(" a", -1.9524, ((" a", -1.9524), (" by", -1.96))),))
+    assert quality.identity([unseen], base.outputs["code"]).quality_differences == 1
+    # without logprobs (a simulator, a run from before they were asked for) every difference counts
+    bare = Output("code", 1, "A method a", "length", 3)
+    assert quality.identity([bare], base.outputs["code"]).partings == ()
+    assert _one(base, _with_outputs(_variant("fast", n, 0.04, 8), same, bare)).outcome == "no-go"
+    # one stopped earlier: its tokens agree as far as they go, no parting token, a difference
+    short = Output("code", 1, "A method", "stop", 2, BASE_TOKENS[:2])
+    assert quality.parting(short, base.outputs["code"][1]) is None
+    assert quality.identity([short], base.outputs["code"]).quality_differences == 1
+
+
+def test_the_report_shows_where_each_text_parts(tmp_path: Path) -> None:
+    n = DEMO_REQUESTS
+    base = _with_outputs(_variant("baseline", n, 0.06, 9), Output("code", 0, "A method using", "length", 3,
+                                                                  BASE_TOKENS))
+    run = _run(base, _with_outputs(_variant("fast", n, 0.04, 9), Output("code", 0, "A method a", "length", 3, TIED)))
+    policy = policy_mod.load()
+    md = render.markdown(run, "baseline", TARGET, verdict.judge(run, "baseline", TARGET, policy=policy), [], policy)
+    assert "| fast | code | 0/1 | 1/1 | row 0, token 2: ' using' vs ' a' (swing 0.125 nats) | - |" in md, md

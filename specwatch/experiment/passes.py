@@ -23,14 +23,19 @@ from specwatch.load.run import run as run_load
 from specwatch.snapshot import Difference
 from specwatch.workloads import Row
 
+TOP_LOGPROBS = 2  # the chosen token's runner-up: enough to see a near-tie where two outputs part
+
 
 def _lines(records: Iterable[Mapping[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
 
-def chat_pass(url: str, rows: Sequence[Row], path: Path, *, max_tokens: int, concurrency: int, model: str) -> None:
-    """Send `rows` (non-streaming, temperature 0) and save one line per request, in row order."""
-    results = run_chat(url, rows, max_tokens=max_tokens, concurrency=concurrency, model=model)
+def chat_pass(url: str, rows: Sequence[Row], path: Path, *, max_tokens: int, concurrency: int, model: str,
+              top_logprobs: int = 0) -> None:
+    """Send `rows` (non-streaming, temperature 0) and save one line per request, in row order (the response
+    whole: with `top_logprobs`, each output token's logprob and its runners-up)."""
+    extra = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else None
+    results = run_chat(url, rows, max_tokens=max_tokens, concurrency=concurrency, model=model, extra=extra)
     records = []
     for index, r in enumerate(results):
         choice = (r.body.get("choices") or [{}])[0]
@@ -45,8 +50,10 @@ def chat_pass(url: str, rows: Sequence[Row], path: Path, *, max_tokens: int, con
 
 def acceptance_pass(url: str, task: str, rows: Sequence[Row], folder: VariantFolder, cfg: AcceptancePass,
                     model: str) -> None:
+    """The greedy outputs the quality check compares, with each token's top logprobs: where a variant's text
+    leaves the baseline's, they say whether that token was a near-tie (`specwatch.report.quality`)."""
     chat_pass(url, rows[:cfg.rows], folder.acceptance(task), max_tokens=cfg.max_tokens,
-              concurrency=cfg.concurrency, model=model)
+              concurrency=cfg.concurrency, model=model, top_logprobs=TOP_LOGPROBS)
 
 
 def performance_pass(url: str, workloads: Mapping[str, Path], folder: VariantFolder, cfg: PerformancePass,

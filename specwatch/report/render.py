@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specwatch.canary.policy import Policy
 from specwatch.report.plots import DASHBOARD_QUERIES_PNG
-from specwatch.report.quality import code_correct_share, identity
+from specwatch.report.quality import NEAR_TIE_NATS, code_correct_share, identity
 from specwatch.report.results import RunResults
 from specwatch.report.verdict import TITLES, Verdict, perf_lines
 
@@ -95,14 +95,22 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
     lines += _judged(run, baseline, policy)
     judged_against = {v.name: base for v, base in run.candidates(baseline)}
     lines += ["", "## Quality (greedy outputs of the acceptance pass)", "",
-              "| variant | task | identical to its baseline | code edit correct |", "|---|---|---|---|"]
+              f"A text that differs is a near-tie when, at its first differing token, the two runs' preferences "
+              f"moved by at most {NEAR_TIE_NATS:g} nats (float numerics); any other difference fails the check.", "",
+              "| variant | task | identical to its baseline | parting at a near-tie | where the texts part | "
+              "code edit correct |", "|---|---|---|---|---|---|"]
     for v in run.variants:
         base = judged_against.get(v.name)
         for task, outputs in sorted(v.outputs.items()):
             same = identity(outputs, base.outputs.get(task, [])) if base else None
             correct, judged = code_correct_share(outputs, run.prompts.get(task, []))
+            compared = same is not None and v is not base
+            differing = same.compared - same.identical if same is not None else 0
+            where = "; ".join(p.describe() for p in same.partings).replace("|", "\\|") if same and compared else ""
             lines.append(f"| {v.name} | {task} | "
-                         f"{'-' if same is None or v is base else f'{same.identical}/{same.compared}'} | "
+                         f"{f'{same.identical}/{same.compared}' if same and compared else '-'} | "
+                         f"{f'{same.near_ties}/{differing}' if same and compared and differing else '-'} | "
+                         f"{where} | "
                          f"{f'{correct}/{judged}' if judged else '-'} |")
     lines += ["", "## Server counters (snapshot difference over all passes)", "",
               "| variant | C | D | drafts | C/D | 1+C/drafts | per position |", "|---|--:|--:|--:|--:|--:|---|"]

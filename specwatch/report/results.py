@@ -30,12 +30,23 @@ class ResultsError(ValueError):
 
 
 @dataclass(frozen=True)
+class Token:
+    """One output token as the server reported it: its text, its logprob, and the most likely tokens at that
+    position with theirs (the chosen one among them, for greedy decoding)."""
+
+    text: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
 class Output:
     task: str
     index: int
     text: str
     finish_reason: str | None
     completion_tokens: int
+    tokens: tuple[Token, ...] = ()  # empty when the response had no logprobs (asked for since the quality check)
 
 
 @dataclass
@@ -114,6 +125,22 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _tokens(rec: dict[str, Any], where: str) -> tuple[Token, ...]:
+    """The response's `choices[0].logprobs.content` (OpenAI's shape, as vLLM answers it); none when the server
+    sent no logprobs (a simulator, a run before they were asked for). A malformed entry is named, not skipped."""
+    choice = ((rec.get("response") or {}).get("choices") or [{}])[0]
+    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice, dict) else None
+    if not content:
+        return ()
+    try:
+        return tuple(Token(str(t["token"]), float(t["logprob"]),
+                           tuple((str(a["token"]), float(a["logprob"])) for a in t.get("top_logprobs") or ()))
+                     for t in content)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ResultsError(f"{where}: response.choices[0].logprobs.content is not a list of "
+                           f"{{token, logprob, top_logprobs}}: {exc!r}") from None
+
+
 def _prompts(folder: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for path in sorted((folder / "inputs").glob("*.jsonl")):
@@ -166,7 +193,7 @@ def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
                 fields = parse(sd)
                 pairs.append((fields.accepted, fields.drafted))
             outputs.append(Output(path.stem, int(rec.get("index", len(outputs))), str(rec.get("text") or ""),
-                                  rec.get("finish_reason"), tokens))
+                                  rec.get("finish_reason"), tokens, _tokens(rec, f"{path}, record {len(outputs) + 1}")))
         result.acceptance[path.stem] = acc
         result.outputs[path.stem] = sorted(outputs, key=lambda o: o.index)
         result.spec_requests[path.stem] = pairs

@@ -10,8 +10,10 @@ the tolerance, or insufficient data. The acceptance rate is the candidate's exac
 acceptance pass (summed first, then divided) with the ratio estimator's interval over requests.
 
 The verdict:
-- NO-GO: the run did not finish; the greedy outputs differ from the baseline's; the KV capacity
-  lost is above the bound (these three exact rules as before); or TPOT or output tokens/s is worse
+- NO-GO: the run did not finish; the greedy outputs differ from the baseline's (a difference that
+  starts at a near-tie of the model's two best tokens is float numerics, said and not counted:
+  `specwatch.report.quality`); the KV capacity lost is above the bound (these three exact rules as
+  before); or TPOT or output tokens/s is worse
   beyond its tolerance (the judge's `high` / `low` in the metric's bad direction: a canary fail).
   A worse ITL p95 is said as a caution (see DECIDING), not a NO-GO.
 - GO: TPOT and output tokens/s both better beyond their tolerance (the article's "both beat the
@@ -32,7 +34,7 @@ from typing import Literal
 from specwatch import judge as judge_mod
 from specwatch.canary import policy as policy_mod
 from specwatch.judge import Band, Comparison
-from specwatch.report.quality import identity
+from specwatch.report.quality import NEAR_TIE_NATS, identity
 from specwatch.report.results import PERF_METRICS, RunResults, VariantResults
 from specwatch.stats import ratio_of_sums
 
@@ -190,12 +192,19 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
                            "the draft costs what it saves")
     if task in v.outputs and task in baseline.outputs:
         same = identity(v.outputs[task], baseline.outputs[task])
+        ties = same.near_ties
+        tie_text = (f"{ties} part{'s' if ties == 1 else ''} at a near-tie (the two runs' top two within "
+                    f"{NEAR_TIE_NATS:g} nats: numerics, not quality)")
         if same.all_identical:
             reasons.append(f"outputs identical to the baseline's ({same.identical}/{same.compared})")
+        elif same.quality_differences == 0:
+            reasons.append(f"outputs identical to the baseline's in {same.identical} of {same.compared} requests; "
+                           f"the other {tie_text}")
         else:
             no_go = True
             reasons.append(f"outputs differ from the baseline's in {same.compared - same.identical} of "
-                           f"{same.compared} requests (quality check fails)")
+                           f"{same.compared} requests (quality check fails"
+                           f"{f'; {tie_text}' if ties else ''})")
     if v.num_gpu_blocks is not None and baseline.num_gpu_blocks:
         loss = 1 - v.num_gpu_blocks / baseline.num_gpu_blocks
         reasons.append(f"KV capacity {0.0 - loss:+.0%} ({v.num_gpu_blocks} vs {baseline.num_gpu_blocks} blocks)")
