@@ -266,6 +266,9 @@ def test_a_text_that_parts_at_a_near_tie_is_numerics_and_any_other_difference_fa
     bare = Output("code", 1, "A method a", "length", 3)
     assert quality.identity([bare], base.outputs["code"]).partings == ()
     assert _one(base, _with_outputs(_variant("fast", n, 0.04, 8), same, bare)).outcome == "no-go"
+    # no request in common with the baseline: nothing shown identical, so no GO on quality
+    other_rows = _with_outputs(_variant("fast", n, 0.04, 8), Output("code", 7, "A method using", "length", 3))
+    assert _one(base, other_rows).outcome == "no-go"
     # one stopped earlier: its tokens agree as far as they go, no parting token, a difference
     short = Output("code", 1, "A method", "stop", 2, BASE_TOKENS[:2])
     assert quality.parting(short, base.outputs["code"][1]) is None

@@ -197,7 +197,7 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
                     f"{NEAR_TIE_NATS:g} nats: numerics, not quality)")
         if same.all_identical:
             reasons.append(f"outputs identical to the baseline's ({same.identical}/{same.compared})")
-        elif same.quality_differences == 0:
+        elif same.compared and same.quality_differences == 0:
             reasons.append(f"outputs identical to the baseline's in {same.identical} of {same.compared} requests; "
                            f"the other {tie_text}")
         else:
