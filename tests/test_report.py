@@ -93,7 +93,11 @@ def test_the_report_reads_the_acceptance_pass_logprobs_and_names_a_malformed_one
     assert outputs[1].tokens == (results.Token("def", -0.01, (("def", -0.01), ("class", -4.7))),
                                  results.Token(" scale", -1.8725, ((" scale", -1.8725), (" f", -1.9975))))
     assert outputs[0].tokens == ()
-    records[1]["response"]["choices"][0]["logprobs"] = {"content": [{"token": "def"}]}
+    records[1]["response"]["choices"][0]["logprobs"] = {"content": [{"token": "def"}]}  # no logprob
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(results.ResultsError, match=r"code\.jsonl, record 2: .*logprobs\.content"):
+        results.load(folder)
+    records[1]["response"]["choices"][0]["logprobs"] = {"content": ["def"]}  # not an object per token
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     with pytest.raises(results.ResultsError, match=r"code\.jsonl, record 2: .*logprobs\.content"):
         results.load(folder)

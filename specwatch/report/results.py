@@ -128,15 +128,15 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 def _tokens(rec: dict[str, Any], where: str) -> tuple[Token, ...]:
     """The response's `choices[0].logprobs.content` (OpenAI's shape, as vLLM answers it); none when the server
     sent no logprobs (a simulator, a run before they were asked for). A malformed entry is named, not skipped."""
-    choice = ((rec.get("response") or {}).get("choices") or [{}])[0]
-    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice, dict) else None
-    if not content:
-        return ()
     try:
+        choice = ((rec.get("response") or {}).get("choices") or [{}])[0]
+        content = (choice.get("logprobs") or {}).get("content")
+        if not content:
+            return ()
         return tuple(Token(str(t["token"]), float(t["logprob"]),
                            tuple((str(a["token"]), float(a["logprob"])) for a in t.get("top_logprobs") or ()))
                      for t in content)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ResultsError(f"{where}: response.choices[0].logprobs.content is not a list of "
                            f"{{token, logprob, top_logprobs}}: {exc!r}") from None
 
