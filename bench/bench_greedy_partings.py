@@ -8,8 +8,8 @@ baseline's, reports the first differing token with both runs' margins and the sw
 
     .venv/bin/python bench/bench_greedy_partings.py --rows 4 --tokens 160 --out bench/results/greedy-partings-cpu
 
-Writes `<out>/<variant>.jsonl` (each response's text and tokens; a variant already there is not run again)
-and `<out>/partings.md` (the table); the servers' logs go to the temporary folder.
+Writes `<out>/<variant>.jsonl` (each response whole, as the acceptance pass saves it; a variant already there
+is not run again) and `<out>/partings.md` (the table); the servers' logs go to the temporary folder.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specwatch.config import resolve_home
 from specwatch.models import build as models
 from specwatch.net import free_port
 from specwatch.report.quality import NEAR_TIE_NATS, parting
-from specwatch.report.results import Output, Token
+from specwatch.report.results import Output, output_tokens
 from specwatch.vllm_cpu.server import NGRAM_CONFIG, VllmServer, serve_argv
 from specwatch.workloads import article_prompt
 
@@ -39,10 +39,8 @@ def ask(url: str, model: str, task: str, index: int, tokens: int) -> dict[str, A
             "max_tokens": tokens, "temperature": 0, "logprobs": True, "top_logprobs": 3}
     reply = requests.post(url + "/v1/chat/completions", json=body, timeout=600)
     reply.raise_for_status()
-    choice = reply.json()["choices"][0]
-    return {"task": task, "index": index, "text": choice["message"]["content"],
-            "tokens": [[t["token"], t["logprob"], [[a["token"], a["logprob"]] for a in t["top_logprobs"]]]
-                       for t in choice["logprobs"]["content"]]}
+    response = reply.json()
+    return {"task": task, "index": index, "text": response["choices"][0]["message"]["content"], "response": response}
 
 
 def run_variant(name: str, spec: dict[str, Any] | None, rows: int, tokens: int, out: Path, logs: Path) -> None:
@@ -67,9 +65,9 @@ def fmt(x: float | None) -> str:
 
 def outputs(path: Path) -> dict[tuple[str, int], Output]:
     got = {}
-    for line in path.read_text().splitlines():
-        a = json.loads(line)
-        toks = tuple(Token(t, lp, tuple((x, y) for x, y in top)) for t, lp, top in a["tokens"])
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        a = json.loads(line)  # a record as the acceptance pass saves it: read by the report's own parser
+        toks = output_tokens(a, f"{path}, record {number}")
         got[a["task"], a["index"]] = Output(a["task"], a["index"], a["text"], None, len(toks), toks)
     return got
 

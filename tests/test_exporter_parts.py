@@ -18,6 +18,7 @@ from specwatch.exporter.eventlog import EventLog
 from specwatch.exporter.routing import Router
 from specwatch.exporter.sse import SseSplitter
 from specwatch.exporter.tap import _stamp_fingerprint, plan_request
+from specwatch.exporter.upstream import Connection, Pool
 from specwatch.workloads import article_prompt
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "exporter.yaml"
@@ -369,12 +370,21 @@ def test_observe_by_bisect_ends_as_the_library_observe_on_bounds_between_them_an
     assert sum(1 for *_, v in got if v != v) == sum(1 for *_, v in want if v != v) == 1
 
 
+async def _get(pool: Pool, port: int) -> Connection:
+    """One GET over a connection from `pool` to the loopback server on `port`, answered whole; the connection."""
+    conn, _ = await pool.acquire("127.0.0.1", port)
+    conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert conn.head is not None and conn.ended is not None
+    await conn.head
+    conn.attach(lambda _: None)
+    await conn.ended
+    return conn
+
+
 def test_the_relay_pool_keeps_a_bounded_number_of_idle_connections_and_closes_stale_ones():
     """A real keep-alive server on loopback: after a peak of 6 concurrent requests, at most `max_idle`
     connections stay open, the most recent is reused, and once idle for `idle_seconds` all are closed."""
     import asyncio
-
-    from specwatch.exporter.upstream import Pool
 
     async def scenario() -> tuple[int, int, bool, int, int, int]:
         open_now: set[asyncio.StreamWriter] = set()
@@ -394,19 +404,10 @@ def test_the_relay_pool_keeps_a_bounded_number_of_idle_connections_and_closes_st
         port = server.sockets[0].getsockname()[1]
         pool = Pool(idle_seconds=0.5, max_idle=3)
 
-        async def one() -> object:
-            conn, _ = await pool.acquire("127.0.0.1", port)
-            conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert conn.head is not None and conn.ended is not None
-            await conn.head
-            conn.attach(lambda _: None)
-            await conn.ended
-            return conn
-
-        conns = await asyncio.gather(*(one() for _ in range(6)))  # six at once: six connections
+        conns = await asyncio.gather(*(_get(pool, port) for _ in range(6)))  # six at once: six connections
         peak = len(open_now)
         for conn in conns:
-            pool.release("127.0.0.1", port, conn)  # type: ignore[arg-type]
+            pool.release("127.0.0.1", port, conn)
         await asyncio.sleep(0.1)
         after_peak, kept = len(open_now), pool.idle_count()
         again, reused = await pool.acquire("127.0.0.1", port)
@@ -521,7 +522,7 @@ def test_a_connection_reset_before_the_request_is_written_refuses_to_send(loop_n
 
     import uvloop
 
-    from specwatch.exporter.upstream import NotSent, Pool
+    from specwatch.exporter.upstream import NotSent
 
     async def scenario() -> tuple[bool, bool, BaseException | None]:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -557,8 +558,6 @@ def test_a_connection_released_while_paused_reads_again_and_sees_the_upstream_cl
     it, so the upstream closing the idle connection marks it lost and it is never handed out again."""
     import asyncio
 
-    from specwatch.exporter.upstream import Pool
-
     async def scenario() -> tuple[bool, bool, bool]:
         closing: list[asyncio.StreamWriter] = []
 
@@ -571,12 +570,7 @@ def test_a_connection_released_while_paused_reads_again_and_sees_the_upstream_cl
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         pool = Pool()
-        conn, _ = await pool.acquire("127.0.0.1", port)
-        conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert conn.head is not None and conn.ended is not None
-        await conn.head
-        conn.attach(lambda _: None)
-        await conn.ended
+        conn = await _get(pool, port)
         conn.pause()
         pool.release("127.0.0.1", port, conn)
         for _ in range(100):

@@ -102,15 +102,12 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
     for v in run.variants:
         base = judged_against.get(v.name)
         for task, outputs in sorted(v.outputs.items()):
-            same = identity(outputs, base.outputs.get(task, [])) if base else None
+            same = identity(outputs, base.outputs.get(task, [])) if base and v is not base else None
             correct, judged = code_correct_share(outputs, run.prompts.get(task, []))
-            compared = same is not None and v is not base
-            differing = same.compared - same.identical if same is not None else 0
-            where = "; ".join(p.describe() for p in same.partings).replace("|", "\\|") if same and compared else ""
-            lines.append(f"| {v.name} | {task} | "
-                         f"{f'{same.identical}/{same.compared}' if same and compared else '-'} | "
-                         f"{f'{same.near_ties}/{differing}' if same and compared and differing else '-'} | "
-                         f"{where} | "
+            differing = same.compared - same.identical if same else 0
+            where = "; ".join(p.describe() for p in same.partings).replace("|", "\\|") if same else ""
+            lines.append(f"| {v.name} | {task} | {f'{same.identical}/{same.compared}' if same else '-'} | "
+                         f"{f'{same.near_ties}/{differing}' if same and differing else '-'} | {where} | "
                          f"{f'{correct}/{judged}' if judged else '-'} |")
     lines += ["", "## Server counters (snapshot difference over all passes)", "",
               "| variant | C | D | drafts | C/D | 1+C/drafts | per position |", "|---|--:|--:|--:|--:|--:|---|"]

@@ -125,9 +125,10 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _tokens(rec: dict[str, Any], where: str) -> tuple[Token, ...]:
-    """The response's `choices[0].logprobs.content` (OpenAI's shape, as vLLM answers it); none when the server
-    sent no logprobs (a simulator, a run before they were asked for). A malformed entry is named, not skipped."""
+def output_tokens(rec: dict[str, Any], where: str) -> tuple[Token, ...]:
+    """The tokens of an acceptance-pass record's `response.choices[0].logprobs.content` (OpenAI's shape, as vLLM
+    answers it); none when the server sent no logprobs (a simulator, a run before they were asked for). A
+    malformed entry is named (`where`: the file and record), not skipped."""
     try:
         choice = ((rec.get("response") or {}).get("choices") or [{}])[0]
         content = (choice.get("logprobs") or {}).get("content")
@@ -193,7 +194,8 @@ def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
                 fields = parse(sd)
                 pairs.append((fields.accepted, fields.drafted))
             outputs.append(Output(path.stem, int(rec.get("index", len(outputs))), str(rec.get("text") or ""),
-                                  rec.get("finish_reason"), tokens, _tokens(rec, f"{path}, record {len(outputs) + 1}")))
+                                  rec.get("finish_reason"), tokens,
+                                  output_tokens(rec, f"{path}, record {len(outputs) + 1}")))
         result.acceptance[path.stem] = acc
         result.outputs[path.stem] = sorted(outputs, key=lambda o: o.index)
         result.spec_requests[path.stem] = pairs
