@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,62 @@ def final_body(folder: Path, name: str) -> dict[str, Any]:
     return dict(with_usage[-1]) if with_usage else {}
 
 
+def _logprobs_objects(folder: Path, name: str) -> list[dict[str, Any]]:
+    """Every `logprobs` object of an exchange's response, in order (one per streamed chunk)."""
+    raw = (folder / f"{name}.response").read_bytes()
+    request = json.loads((folder / f"{name}.request.json").read_text())
+    events = sse_events(raw)[:-1] if request["body"].get("stream") else [json.loads(raw)]
+    choices = [c for e in events for c in e["choices"]]
+    assert choices and all("logprobs" in c for c in choices), name
+    return [c["logprobs"] for c in choices if c["logprobs"] is not None]
+
+
+def check_logprobs(folder: Path, name: str) -> None:
+    """One position per generated token (held-back steps included), greedy: the chosen token is the top one,
+    the alternatives in descending order, their probabilities summing to at most 1."""
+    request = json.loads((folder / f"{name}.request.json").read_text())["body"]
+    chat = "messages" in request
+    top = request["top_logprobs"] if chat else request["logprobs"]
+    positions: list[tuple[str, float, list[tuple[str, float]]]] = []
+    offset = 0
+    for obj in _logprobs_objects(folder, name):
+        if chat:
+            for e in obj["content"]:
+                assert list(e) == ["token", "logprob", "bytes", "top_logprobs"]
+                assert e["bytes"] == list(e["token"].encode()), e
+                positions.append((e["token"], e["logprob"], [(t["token"], t["logprob"]) for t in e["top_logprobs"]]))
+        else:
+            assert list(obj) == ["text_offset", "token_logprobs", "tokens", "top_logprobs"]
+            for at, lp, token, alternatives in zip(obj["text_offset"], obj["token_logprobs"], obj["tokens"],
+                                                   obj["top_logprobs"], strict=True):
+                assert at == offset, (name, at, offset)
+                offset += len(token)
+                assert alternatives[token] == lp
+                positions.append((token, lp, sorted(alternatives.items(), key=lambda kv: -kv[1])))
+    assert len(positions) == final_body(folder, name)["usage"]["completion_tokens"], name
+    for token, lp, alternatives in positions:
+        assert len(alternatives) == top, (name, token, alternatives)
+        values = [v for _, v in alternatives]
+        assert values == sorted(values, reverse=True) and values[0] == lp <= 0, (name, token, alternatives)
+        assert sum(math.exp(v) for v in values) <= 1 + 1e-6, (name, token, alternatives)
+
+
 def check_capture(folder: Path, speculative: bool, k: int = 4) -> None:
     manifest = json.loads((folder / "manifest.json").read_text())
     status = {e["name"]: e["status"] for e in manifest["exchanges"]}
-    assert status.pop("error_stream_options_without_stream") == 400
+    for error in ("error_stream_options_without_stream", "error_top_logprobs_without_logprobs",
+                  "error_logprobs_above_the_maximum"):
+        assert status.pop(error) == 400, error
     assert set(status.values()) == {200}
     ctype = {e["name"]: e["content_type"] for e in manifest["exchanges"]}
     assert ctype["chat_stream_usage"].startswith("text/event-stream")
     assert ctype["chat_nonstream"] == "application/json"
+
+    for name in ("chat_logprobs_nonstream", "chat_logprobs_stop_string_stream_usage",
+                 "completion_logprobs_nonstream", "completion_logprobs_stream_usage"):
+        check_logprobs(folder, name)
+    above = json.loads((folder / "error_logprobs_above_the_maximum.response").read_bytes())["error"]
+    assert above["param"] == "logprobs" and "greater than max allowed: 20" in above["message"]
 
     reconcilable = [e["name"] for e in manifest["exchanges"] if e["phase"] == "reconcilable"]
     bodies = [final_body(folder, n) for n in reconcilable]
@@ -71,9 +120,10 @@ def check_capture(folder: Path, speculative: bool, k: int = 4) -> None:
 
 
 def shape(value: Any) -> Any:
-    """The JSON structure without the values: key order, types, null versus absent."""
+    """The JSON structure without the values: key order, types, null versus absent. A completion's
+    `top_logprobs` maps tokens to log-probabilities: its keys are values, so it is shaped as a map."""
     if isinstance(value, dict):
-        return [(k, shape(v)) for k, v in value.items()]
+        return [(k, _token_maps(v) if k == "top_logprobs" else shape(v)) for k, v in value.items()]
     if isinstance(value, list):
         distinct: list[Any] = []
         for item in value:
@@ -83,6 +133,12 @@ def shape(value: Any) -> Any:
     if value is None:
         return "null"
     return type(value).__name__
+
+
+def _token_maps(value: Any) -> Any:
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "token" not in m for m in value):
+        return ["list", [["map", sorted({shape(v) for m in value for v in m.values()})]]]
+    return shape(value)
 
 
 def sse_shapes(raw: bytes) -> list[Any]:

@@ -110,19 +110,27 @@ def _normalise(raw: bytes) -> bytes:
     return re.sub(rb'"created":\d+', b'"created":0', raw)
 
 
+@pytest.mark.parametrize("extra", [{}, {"logprobs": True, "top_logprobs": 2}, {"stop": ["scale_1"]}],
+                         ids=["plain", "logprobs", "long-stop"])
 @pytest.mark.parametrize("usage", [True, False])
-def test_streamed_bytes_equal_the_upstreams_and_usage_injection_is_invisible(tap, upstream, usage):
+def test_streamed_bytes_equal_the_upstreams_and_usage_injection_is_invisible(tap, upstream, usage, extra):
+    """Also for streams whose chunks carry logprobs or held-back empty content: relayed whole, tokens counted."""
     prompt = article_rows("code")[4].prompt
     body = {"model": "spec-demo", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": 40, "stream": True}
+            "max_tokens": 40, "stream": True, **extra}
     if usage:
         body["stream_options"] = {"include_usage": True}
     rid = {"X-Request-Id": uuid.uuid4().hex}
     direct = requests.post(upstream.url + "/v1/chat/completions", json=body, headers=rid, timeout=60).content
+    tokens_before = value(tap.url, "specwatch_completion_tokens_total")
     tapped = requests.post(tap.url + "/v1/chat/completions", json=body, headers=rid, timeout=60).content
     assert _normalise(tapped) == _normalise(direct)
     has_usage_chunk = any(e != "[DONE]" and e["choices"] == [] for e in sse_events(tapped))
     assert has_usage_chunk is usage
+    usage_of_direct = [e["usage"] for e in sse_events(direct) if e != "[DONE]" and e.get("usage")]
+    if usage_of_direct:
+        assert value(tap.url, "specwatch_completion_tokens_total") - tokens_before == \
+            usage_of_direct[-1]["completion_tokens"]
 
 
 def test_tap_counts_streams_whose_client_did_not_ask_for_usage(tap, upstream):

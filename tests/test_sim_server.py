@@ -181,3 +181,51 @@ def test_the_role_chunk_comes_with_the_first_token_not_before_prefill(sim_factor
     assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert first["choices"][0]["delta"]["content"]
     assert role_at > 0.04 and first_at - role_at < 0.01
+
+
+@pytest.mark.parametrize("name", ["error_top_logprobs_without_logprobs", "error_logprobs_above_the_maximum"])
+def test_logprobs_errors_are_the_real_servers_word_for_word(sim_captures, name):
+    real = json.loads((FIXTURES / "ngram" / f"{name}.response").read_bytes())
+    assert json.loads((sim_captures["ngram"] / f"{name}.response").read_bytes()) == real
+
+
+@pytest.mark.parametrize("extra,message", [  # what the real server answered (captured 2026-12-04)
+    ({"logprobs": True, "top_logprobs": "x"}, "`top_logprobs` must be an integer. (parameter=top_logprobs, value=x)"),
+    ({"logprobs": True, "top_logprobs": -2},
+     "`top_logprobs` must be a positive value or -1. (parameter=top_logprobs, value=-2)"),
+    ({"logprobs": True, "top_logprobs": -1},
+     "Requested sample logprobs of 49152, which is greater than max allowed: 20 (parameter=logprobs, value=49152)"),
+])
+def test_chat_logprobs_fields_are_refused_as_vllm_refuses_them(sim_ngram, extra, message):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **extra}
+    r = requests.post(sim_ngram.url + "/v1/chat/completions", json=body, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["message"] == message
+
+
+def test_logprobs_streamed_and_not_name_the_same_positions(sim_ngram):
+    """One position per completion token, the same values streamed and not, and the same on a second ask."""
+    url = sim_ngram.url + "/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": article_rows("code")[0].prompt}], "max_tokens": 24,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    whole = requests.post(url, json=body, timeout=30).json()
+    assert requests.post(url, json=body, timeout=30).json()["choices"][0]["logprobs"] == whole["choices"][0]["logprobs"]
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"] == 24
+    assert "".join(e["token"] for e in content) == whole["choices"][0]["message"]["content"]
+    stream = requests.post(url, json={**body, "stream": True, "stream_options": {"include_usage": True}}, timeout=30)
+    streamed = [e for event in sse_events(stream.content)[:-1] for c in event["choices"]
+                if c.get("logprobs") for e in c["logprobs"]["content"]]
+    assert streamed == content
+
+
+def test_a_step_whose_text_a_stop_string_holds_back_still_sends_a_chunk(sim_ngram):
+    """As vLLM 0.32.0 (captured: stop "scale_1", no logprobs): `{"content": ""}` for a step with tokens but
+    no text yet, so a stream has a chunk per step whatever the stop strings."""
+    body = {"messages": [{"role": "user", "content": article_rows("code")[0].prompt}], "max_tokens": 40,
+            "temperature": 0, "stop": ["scale_1"], "stream": True}
+    events = sse_events(requests.post(sim_ngram.url + "/v1/chat/completions", json=body, timeout=30).content)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[1] == {"content": ""}  # the first step's "def" is held back: shorter than the stop string
+    whole = requests.post(sim_ngram.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=30).json()
+    assert "".join(d.get("content", "") for d in deltas) == whole["choices"][0]["message"]["content"]

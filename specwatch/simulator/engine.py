@@ -58,6 +58,7 @@ class StepOutput:
     new_tokens: int
     finish_reason: str | None = None
     stop_reason: str | None = None
+    pieces: tuple[str, ...] = ()  # the step's tokens (EOS included), whatever of their text is held back
 
 
 @dataclass
@@ -310,7 +311,7 @@ class Engine:
         delta, req.sent_chars = visible[req.sent_chars:], len(visible)
         if finish is not None:
             self._finish(req, finish)
-        req.outputs.put_nowait(StepOutput(delta, len(pieces), finish, stop_reason))
+        req.outputs.put_nowait(StepOutput(delta, len(pieces), finish, stop_reason, tuple(pieces)))
 
     def _finish(self, req: EngineRequest, reason: str) -> None:
         req.finished, req.finish_reason = True, reason

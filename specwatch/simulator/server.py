@@ -4,7 +4,9 @@
 Response bodies keep vLLM's key order, its null-versus-absent rules (non-streaming bodies
 keep nulls, streamed chunks drop them), one SSE chunk per engine step per choice, the usage
 chunk only with `include_usage` or `--enable-force-include-usage`, and the per-request
-`metrics.speculative_decoding` only for n = 1, a single prompt and an engine-side finish.
+`metrics.speculative_decoding` only for n = 1, a single prompt and an engine-side finish,
+and a chunk for every engine step that produced tokens, even when a possible stop string holds
+their text back. Log-probabilities, when asked for, come from `logprobs.py`.
 Bad requests get vLLM's error object and status; nothing a client sends crashes the server.
 """
 
@@ -14,13 +16,14 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from specwatch.simulator import logprobs
 from specwatch.simulator.engine import EOS, Engine, EngineRequest, StepOutput
 from specwatch.simulator.target import generate
 from specwatch.simulator.tokens import tokenize
@@ -81,6 +84,7 @@ class _Parsed:
     temperature: float
     seed: int | None
     ignore_eos: bool
+    logprobs: int | None  # alternatives per position; None: no logprobs asked for
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -153,7 +157,7 @@ class SimApi:
                            f"{', '.join(self.cfg.served_model_names)}.", 404, "NotFoundError", "model")
         return body
 
-    def _common(self, body: dict[str, Any], prompts: list[tuple[list[str], str]]) -> _Parsed:
+    def _common(self, body: dict[str, Any], prompts: list[tuple[list[str], str]], chat: bool) -> _Parsed:
         stream = bool(body.get("stream", False))
         options = body.get("stream_options")
         if options is not None and not stream:
@@ -180,9 +184,13 @@ class SimApi:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ApiError("`stop` must be a string or a list of non-empty strings.", param="stop")
         include_usage = bool((options or {}).get("include_usage")) or self.cfg.force_include_usage
+        try:
+            top = logprobs.parse_chat(body) if chat else logprobs.parse_completion(body)
+        except logprobs.LogprobsError as err:
+            raise ApiError(err.message, param=err.param) from None
         return _Parsed(prompts, n, max_tokens, stream, include_usage, tuple(stop),
                        _number(body, "temperature", 1.0, 0.0, 2.0), _int(body, "seed", self.cfg.seed, -2**63),
-                       bool(body.get("ignore_eos", False)))
+                       bool(body.get("ignore_eos", False)), top)
 
     # -- endpoints -------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -194,7 +202,8 @@ class SimApi:
                 raise ApiError("`messages` must be a non-empty list of {role, content} objects.", param="messages")
             text = "".join(CHAT_TEMPLATE.format(role=m["role"], content=_content(m)) for m in messages)
             users = [_content(m) for m in messages if m["role"] == "user"]
-            parsed = self._common(body, [(tokenize(text + GENERATION_PROMPT), users[-1] if users else text)])
+            parsed = self._common(body, [(tokenize(text + GENERATION_PROMPT), users[-1] if users else text)],
+                                  chat=True)
         except ApiError as err:
             return err.response()
         return await self._run(request, parsed, chat=True)
@@ -206,7 +215,7 @@ class SimApi:
             texts = [prompt] if isinstance(prompt, str) else prompt
             if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
                 raise ApiError("`prompt` must be a string or a non-empty list of strings.", param="prompt")
-            parsed = self._common(body, [(tokenize(t), t) for t in texts])
+            parsed = self._common(body, [(tokenize(t), t) for t in texts], chat=False)
         except ApiError as err:
             return err.response()
         return await self._run(request, parsed, chat=False)
@@ -239,8 +248,8 @@ class SimApi:
             choices = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None,
                                                 "annotations": None, "audio": None, "function_call": None,
                                                 "reasoning": None},
-                        "logprobs": None, "finish_reason": s.finish_reason, "stop_reason": last.stop_reason,
-                        "token_ids": None, "routed_experts": None}
+                        "logprobs": self._logprobs(p, s.generated, chat), "finish_reason": s.finish_reason,
+                        "stop_reason": last.stop_reason, "token_ids": None, "routed_experts": None}
                        for i, (s, (text, last)) in enumerate(zip(seqs, outputs, strict=True))]
             body = {"id": response_id, "object": "chat.completion", "created": created,
                     "model": self.cfg.served_model_names[0], "choices": choices, "service_tier": None,
@@ -248,7 +257,8 @@ class SimApi:
                     "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
                     "ec_transfer_params": None, "metrics": metrics}
         else:
-            choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": s.finish_reason,
+            choices = [{"index": i, "text": text, "logprobs": self._logprobs(p, s.generated, chat),
+                        "finish_reason": s.finish_reason,
                         "stop_reason": last.stop_reason, "token_ids": None, "prompt_logprobs": None,
                         "prompt_token_ids": None, "routed_experts": None}
                        for i, (s, (text, last)) in enumerate(zip(seqs, outputs, strict=True))]
@@ -257,6 +267,14 @@ class SimApi:
                     "system_fingerprint": self.cfg.fingerprint, "usage": usage, "kv_transfer_params": None,
                     "ec_transfer_params": None, "metrics": metrics}
         return _json(body)
+
+    @staticmethod
+    def _logprobs(p: _Parsed, pieces: Sequence[str], chat: bool) -> dict[str, Any] | None:
+        """A whole choice's `logprobs` object (non-streamed), or None when the request asked for none."""
+        if p.logprobs is None:
+            return None
+        entries = logprobs.positions(pieces, 0, p.logprobs)
+        return logprobs.chat_logprobs(entries) if chat else logprobs.completion_logprobs(entries, 0)[0]
 
     def _usage(self, p: _Parsed, seqs: list[EngineRequest], streamed: bool) -> dict[str, Any]:
         prompt = sum(len(pieces) for pieces, _ in p.prompts)
@@ -297,6 +315,8 @@ class SimApi:
             return {"id": response_id, "object": obj, "created": created, "model": model}
 
         roles_sent = not chat
+        sent_positions = [0] * len(seqs)  # per choice: the tokens whose logprobs went out, their characters
+        sent_chars = [0] * len(seqs)
         async for i, out in _merge(seqs):
             if not roles_sent:  # vLLM sends the role chunks with the first engine output, not before prefill
                 roles_sent = True
@@ -307,14 +327,22 @@ class SimApi:
                     if self.cfg.force_include_usage:
                         role["usage"] = self._usage(p, seqs, streamed=True)
                     await send(role)
-            if not out.text and out.finish_reason is None:
-                continue  # text held back (a possible stop string) or an EOS-only step: nothing to send
+            if not out.pieces and out.finish_reason is None:
+                continue  # no token in this step: nothing to send (a step whose text is held back still sends)
+            lp: dict[str, Any] | None = None
+            if p.logprobs is not None:
+                entries = logprobs.positions(out.pieces, sent_positions[i], p.logprobs)
+                sent_positions[i] += len(entries)
+                if chat:
+                    lp = logprobs.chat_logprobs(entries)
+                else:
+                    lp, sent_chars[i] = logprobs.completion_logprobs(entries, sent_chars[i])
             choice: dict[str, Any]
             if chat:
-                choice = {"index": i, "delta": {"content": out.text}, "logprobs": None,
+                choice = {"index": i, "delta": {"content": out.text}, "logprobs": lp,
                           "finish_reason": out.finish_reason}
             else:
-                choice = {"index": i, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
+                choice = {"index": i, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
             if out.finish_reason is not None or not chat:
                 choice["stop_reason"] = out.stop_reason
             if not chat:

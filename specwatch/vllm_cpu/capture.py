@@ -8,7 +8,7 @@ content type, which phase). `/metrics` is read before, between and after the pha
 phase `reconcilable` holds only requests whose per-request fields are all visible (n = 1,
 no stop string, usage on), so Σ fields = metrics_mid − metrics_before exactly; phase
 `edge` holds the cases where the field is null or absent (n > 1, multi-prompt, a stop
-string, streaming without usage) and an error. Rerun after a vLLM upgrade and diff.
+string, streaming without usage), requests with logprobs, and errors. Rerun after a vLLM upgrade and diff.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from specwatch.vllm_cpu.server import NGRAM_CONFIG, SERVED_MODEL_NAME, VllmServe
 from specwatch.workloads import article_prompt
 
 MAX_TOKENS = 48
+LOGPROBS = 2  # alternatives per position where an exchange asks for logprobs
 VARIANTS: dict[str, tuple[dict[str, object] | None, str, tuple[str, ...]]] = {
     # name: (speculative config, per-request spec metrics level, extra flags)
     "baseline": (None, "none", ()),
@@ -76,6 +77,17 @@ def exchanges() -> Iterator[Exchange]:
     yield Exchange("completion_multi_prompt", "edge", "/v1/completions", _completion([code, chat]))
     yield Exchange("error_stream_options_without_stream", "edge", "/v1/chat/completions",
                    _chat(code, stream_options={"include_usage": True}))
+    yield Exchange("chat_logprobs_nonstream", "edge", "/v1/chat/completions",
+                   _chat(code, logprobs=True, top_logprobs=LOGPROBS))
+    # a stop string longer than the first tokens: steps whose text is held back still send their logprobs
+    yield Exchange("chat_logprobs_stop_string_stream_usage", "edge", "/v1/chat/completions",
+                   _chat(code, stop=["scale_1"], logprobs=True, top_logprobs=LOGPROBS, **usage))
+    yield Exchange("completion_logprobs_nonstream", "edge", "/v1/completions", _completion(code, logprobs=LOGPROBS))
+    yield Exchange("completion_logprobs_stream_usage", "edge", "/v1/completions",
+                   _completion(code, logprobs=LOGPROBS, **usage))
+    yield Exchange("error_top_logprobs_without_logprobs", "edge", "/v1/chat/completions",
+                   _chat(code, top_logprobs=LOGPROBS))
+    yield Exchange("error_logprobs_above_the_maximum", "edge", "/v1/completions", _completion(code, logprobs=21))
 
 
 def capture_server(url: str, out: Path) -> dict[str, Any]:
