@@ -78,14 +78,16 @@ def _vllm_token(token: str, logprob: float, *alternatives: tuple[str, float]) ->
 
 
 def test_the_report_reads_the_acceptance_pass_logprobs_and_names_a_malformed_one(study: Path, tmp_path: Path) -> None:
-    """A response carrying logprobs in vLLM's shape is read token by token (the simulator answers none; the real
-    server's study below checks that the pass asks for them), a malformed one refused with its file and record."""
+    """A response carrying logprobs in vLLM's shape is read token by token (the simulator's synthetic ones and the
+    real server's, whose study below checks them too), one without none, a malformed one refused with its file
+    and record."""
     folder = tmp_path / "copy"
     shutil.copytree(study, folder)
     path = folder / "variants" / "ngram" / "acceptance" / "code.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert all(r["response"]["choices"][0]["logprobs"] is None for r in records)
-    assert all(o.tokens == () for o in results.load(study).variant("ngram").outputs["code"])  # type: ignore[union-attr]
+    simulated = results.load(study).variant("ngram").outputs["code"]  # type: ignore[union-attr]
+    assert all(len(o.tokens) == o.completion_tokens > 0 and all(len(t.top) == 2 for t in o.tokens) for o in simulated)
+    records[0]["response"]["choices"][0]["logprobs"] = None  # a server that sent none
     records[1]["response"]["choices"][0]["logprobs"] = {"content": [
         _vllm_token("def", -0.01, ("class", -4.7)), _vllm_token(" scale", -1.8725, (" f", -1.9975))]}
     path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -262,7 +262,7 @@ def test_a_text_that_parts_at_a_near_tie_is_numerics_and_any_other_difference_fa
     unseen = Output("code", 1, "A method a", "length", 3,
                     TIED[:2] + (Token(" a", -1.9524, ((" a", -1.9524), (" by", -1.96))),))
     assert quality.identity([unseen], base.outputs["code"]).quality_differences == 1
-    # without logprobs (a simulator, a run from before they were asked for) every difference counts
+    # without logprobs (a run from before they were asked for, a server that sends none) every difference counts
     bare = Output("code", 1, "A method a", "length", 3)
     assert quality.identity([bare], base.outputs["code"]).partings == ()
     assert _one(base, _with_outputs(_variant("fast", n, 0.04, 8), same, bare)).outcome == "no-go"

@@ -127,7 +127,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 def output_tokens(rec: dict[str, Any], where: str) -> tuple[Token, ...]:
     """The tokens of an acceptance-pass record's `response.choices[0].logprobs.content` (OpenAI's shape, as vLLM
-    answers it); none when the server sent no logprobs (a simulator, a run before they were asked for). A
+    answers it); none when the server sent no logprobs (a run before they were asked for, a server that sends none). A
     malformed entry is named (`where`: the file and record), not skipped."""
     try:
         choice = ((rec.get("response") or {}).get("choices") or [{}])[0]
