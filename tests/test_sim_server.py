@@ -193,13 +193,16 @@ def test_logprobs_errors_are_the_real_servers_word_for_word(sim_captures, name):
     ({"logprobs": True, "top_logprobs": "x"}, "`top_logprobs` must be an integer. (parameter=top_logprobs, value=x)"),
     ({"logprobs": True, "top_logprobs": -2},
      "`top_logprobs` must be a positive value or -1. (parameter=top_logprobs, value=-2)"),
+    ({"logprobs": True, "top_logprobs": float("inf")}, None),  # JSON's Infinity: refused, not a crash
     ({"logprobs": True, "top_logprobs": -1},
      "Requested sample logprobs of 49152, which is greater than max allowed: 20 (parameter=logprobs, value=49152)"),
 ])
 def test_chat_logprobs_fields_are_refused_as_vllm_refuses_them(sim_ngram, extra, message):
-    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **extra}
-    r = requests.post(sim_ngram.url + "/v1/chat/completions", json=body, timeout=10)
-    assert r.status_code == 400 and r.json()["error"]["message"] == message
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **extra})  # Infinity kept
+    r = requests.post(sim_ngram.url + "/v1/chat/completions", data=body, timeout=10,
+                      headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (message or r.json()["error"]["message"])
+    assert r.json()["error"]["param"] in ("logprobs", "top_logprobs")
 
 
 def test_logprobs_streamed_and_not_name_the_same_positions(sim_ngram):

@@ -11,8 +11,9 @@ The simulator has no vocabulary and no logits. Its target is its own greedy choi
 chosen token is reported as the most likely one, with a log-probability drawn deterministically
 from the token and its position (most near 0, some down to -2.5, as a small model's are), and
 the alternatives are common pieces below it (by at least 0.125 each) whose probabilities, with
-the chosen token's, sum to at most 1. The values are plausible, not a model's: they exist so that clients that ask for
-logprobs get the real server's shape, and so that code reading them can be exercised.
+the chosen token's, sum to at most 1. The values are plausible, not a model's: they exist so
+that clients that ask for logprobs get the real server's shape, and so that code reading them
+can be exercised.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _integer(body: dict[str, Any], key: str) -> int | None:
         return None
     if not isinstance(value, (int, float)):  # bool is an int, as in vLLM (true asks for 1)
         raise LogprobsError(f"`{key}` must be an integer. (parameter={key}, value={value})", key)
-    if value != int(value):
+    if isinstance(value, float) and not value.is_integer():  # a fraction, or JSON's Infinity / NaN
         raise LogprobsError(f"`{key}` must be an integer, got {value!r}.", key)
     number = int(value)
     if number < 0 and number != -1:
