@@ -232,3 +232,13 @@ def test_a_step_whose_text_a_stop_string_holds_back_still_sends_a_chunk(sim_ngra
     assert deltas[1] == {"content": ""}  # the first step's "def" is held back: shorter than the stop string
     whole = requests.post(sim_ngram.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=30).json()
     assert "".join(d.get("content", "") for d in deltas) == whole["choices"][0]["message"]["content"]
+
+
+def test_several_choices_under_greedy_sampling_are_refused_as_vllm_refuses_them(sim_ngram):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "n": 2, "temperature": 0}
+    r = requests.post(sim_ngram.url + "/v1/chat/completions", json=body, timeout=10)
+    assert r.status_code == 400  # the real server's answer, captured 2026-12-04:
+    assert r.json() == {"error": {"message": "n must be 1 when using greedy sampling, got 2.",
+                                  "type": "BadRequestError", "param": None, "code": 400}}
+    assert requests.post(sim_ngram.url + "/v1/chat/completions", json={**body, "temperature": 0.5},
+                         timeout=10).status_code == 200

@@ -31,6 +31,7 @@ from specwatch.simulator.tokens import tokenize
 VERSION = "0.32.0"
 CHAT_TEMPLATE = "<|im_start|>{role}\n{content}<|im_end|>\n"
 GENERATION_PROMPT = "<|im_start|>assistant\n"
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy sampling
 
 
 class ApiError(Exception):
@@ -188,9 +189,11 @@ class SimApi:
             top = logprobs.parse_chat(body) if chat else logprobs.parse_completion(body)
         except logprobs.LogprobsError as err:
             raise ApiError(err.message, param=err.param) from None
-        return _Parsed(prompts, n, max_tokens, stream, include_usage, tuple(stop),
-                       _number(body, "temperature", 1.0, 0.0, 2.0), _int(body, "seed", self.cfg.seed, -2**63),
-                       bool(body.get("ignore_eos", False)), top)
+        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+        if temperature < GREEDY_BELOW and n > 1:  # vLLM's SamplingParams._verify_greedy_sampling
+            raise ApiError(f"n must be 1 when using greedy sampling, got {n}.")
+        return _Parsed(prompts, n, max_tokens, stream, include_usage, tuple(stop), temperature,
+                       _int(body, "seed", self.cfg.seed, -2**63), bool(body.get("ignore_eos", False)), top)
 
     # -- endpoints -------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
