@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import socket
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ from specwatch.config import Home
 from specwatch.load.run import LOCUSTFILE, LoadConfig
 from specwatch.load.run import run as run_load
 from specwatch.monitoring import MONITORING
-from specwatch.net import free_port
+from specwatch.net import free_port, free_port_pair
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.stack.grafana import grafana_binary, grafana_process
 from specwatch.stack.processes import StackError, managed
@@ -290,13 +289,5 @@ def run(cfg: StackConfig, console: Console | None = None) -> dict[str, Any]:
 
 
 def free_ports() -> Ports:
-    """Free loopback ports for every part (tests, or a second stack beside a running one)."""
-    vllm = free_port()
-    while True:  # the candidate takes vllm + 1
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", vllm + 1))
-                break
-            except OSError:
-                vllm = free_port()
-    return Ports(vllm, free_port(), free_port(), free_port(), free_port())
+    """Free loopback ports for every part (tests, or a second stack beside a running one), all distinct."""
+    return Ports(free_port_pair(), free_port(), free_port(), free_port(), free_port())
