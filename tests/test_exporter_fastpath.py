@@ -180,6 +180,7 @@ def test_the_per_stream_reader_answers_as_the_full_pattern_on_every_captured_str
             learned = reader.prefix
             got = reader.text(data)
             assert got == plain_text(data), (name, data)
+            assert reader.last_plain == (got is not None), (name, data)  # what the hand-over waits for
             full += got is not None and not (learned is not None and reader.prefix is learned)
         if payloads and not any(b'"index":1' in d for d in payloads):
             # one choice: the full pattern reads the role chunk and the first content chunk, the learned
@@ -508,3 +509,31 @@ def test_a_streamed_request_reaches_the_upstream_with_the_clients_headers_as_sen
                          b"Content-Length: %d" % len(body)]
     assert sent_body == body
     assert secret.decode() not in tap.log.read_text()
+
+
+def test_a_stream_with_logprobs_stays_in_python_and_is_never_handed_to_the_relay_thread(
+        service_factory: Callable[[str, list[str]], Service]) -> None:
+    """Every content chunk carries a logprobs object, which the plain pattern does not match: handing the
+    stream over after the plain role chunk would come back at the next chunk, and that chunk would then wait
+    for its turn as if it were the stream's end."""
+    body = (FIXTURES / "ngram" / "chat_logprobs_stop_string_stream_usage.response").read_bytes()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        for event in SseSplitter().feed(body):  # one event per HTTP chunk, as vLLM writes
+            await resp.write(event.raw)
+            await asyncio.sleep(0.002)
+        await resp.write_eof()
+        return resp
+
+    with serving(chat) as url:
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
+        got = requests.post(tap.url + "/v1/chat/completions", timeout=30, json={
+            "model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True,
+            "logprobs": True, "top_logprobs": 2, "stop": ["scale_1"], "stream_options": {"include_usage": True}})
+        assert got.status_code == 200 and got.content == body
+        assert body.count(b'"logprobs":{"content":') > 5
+        assert value(tap.url, "specwatch_requests_total", outcome="ok") == 1
+        assert value(tap.url, "specwatch_fast_relay_handovers_total") == 0
+        assert value(tap.url, "specwatch_fast_relay_chunks_total") == 0

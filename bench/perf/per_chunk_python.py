@@ -8,7 +8,7 @@ in its own process (`PYTHONPATH` = its source folder, `PYTHONSAFEPATH=1`), the b
 `--repeats` rounds, and the median per build is reported with the ratio.
 
 Usage: python bench/perf/per_chunk_python.py --build now=SRC --build before=SRC [--chunks 200000]
-       [--repeats 5] [--out FILE.md]
+       [--repeats 5] [--chunk plain --chunk logprobs] [--out FILE.md]
 A SRC folder holds the `specwatch` package (e.g. `git archive REV specwatch | tar -x -C SRC`).
 """
 
@@ -32,11 +32,25 @@ from specwatch.exporter.tap import SseRelay, UpstreamRequest
 
 cfg = config_mod.load({"upstream": ["baseline=http://127.0.0.1:1"]}, None)
 metrics = ExporterMetrics(CollectorRegistry(), cfg)
-event = b"data: " + json.dumps(
-    {"id": "chatcmpl-b8a1c0f3e0a54e7b9c3e2f1a0d9c8b7a", "object": "chat.completion.chunk", "created": 1764662400,
-     "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
-     "choices": [{"index": 0, "delta": {"content": " token"}, "logprobs": None, "finish_reason": None,
-                  "token_ids": None}]}, separators=(",", ":")).encode() + b"\n\n"
+CHUNKS = {
+    "plain": {"id": "chatcmpl-b8a1c0f3e0a54e7b9c3e2f1a0d9c8b7a", "object": "chat.completion.chunk",
+              "created": 1764662400, "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+              "choices": [{"index": 0, "delta": {"content": " token"}, "logprobs": None, "finish_reason": None,
+                           "token_ids": None}]},
+    # as the real vLLM 0.32.0 CPU server streams a chat asked for logprobs and top_logprobs 2 (tests/fixtures)
+    "logprobs": {"id": "chatcmpl-9726ec47ec644059", "object": "chat.completion.chunk", "created": 1796372699,
+                 "model": "spec-demo",
+                 "choices": [{"index": 0, "delta": {"content": " code"},
+                              "logprobs": {"content": [{"token": " code", "logprob": -0.9353300333023071,
+                                                        "bytes": [32, 99, 111, 100, 101],
+                                                        "top_logprobs": [
+                                                            {"token": " code", "logprob": -0.9353300333023071,
+                                                             "bytes": [32, 99, 111, 100, 101]},
+                                                            {"token": " function", "logprob": -1.5603300333023071,
+                                                             "bytes": [32, 102, 117, 110, 99, 116, 105, 111, 110]}]}]},
+                              "finish_reason": None, "token_ids": None}]},
+}
+event = b"data: " + json.dumps(CHUNKS[sys.argv[2]], separators=(",", ":")).encode() + b"\n\n"
 framed = b"%x\r\n%b\r\n" % (len(event), event)
 
 
@@ -81,9 +95,9 @@ print(json.dumps({"us_per_chunk": elapsed / n * 1e6, "package": specwatch.__file
 '''
 
 
-def run_one(src: Path, chunks: int) -> float:
+def run_one(src: Path, chunks: int, kind: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONSAFEPATH": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(chunks)], env=env, cwd=src, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, str(chunks), kind], env=env, cwd=src, capture_output=True,
                           text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"per_chunk_python: the build in {src} failed:\n{done.stderr[-2000:]}")
@@ -99,22 +113,27 @@ def main(argv: list[str]) -> int:
     p.add_argument("--build", action="append", required=True, metavar="NAME=SRC")
     p.add_argument("--chunks", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--chunk", action="append", choices=("plain", "logprobs"),
+                   help="the content chunk relayed (repeatable; default plain): an ordinary one, or one with "
+                        "logprobs as the real server streams them (the tap parses those in full)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    kinds = args.chunk or ["plain"]
     builds = {}
     for item in args.build:
         name, sep, src = item.partition("=")
         if not sep or not (Path(src) / "specwatch" / "__init__.py").is_file():
             p.error(f"--build {item}: expected NAME=SRC with SRC/specwatch/__init__.py")
         builds[name] = Path(src).resolve()
-    runs: dict[str, list[float]] = {name: [] for name in builds}
+    runs: dict[str, list[float]] = {f"{name}, {kind}": [] for name in builds for kind in kinds}
     for _ in range(args.repeats):  # alternating, so a busy spell on the machine hits every build alike
         for name, src in builds.items():
-            runs[name].append(run_one(src, args.chunks))
-    first = next(iter(builds))
+            for kind in kinds:
+                runs[f"{name}, {kind}"].append(run_one(src, args.chunks, kind))
+    first = next(iter(runs))
     lines = [f"# The tap's Python per relayed content chunk ({args.chunks} chunks x {args.repeats} rounds, "
              f"alternating; Python {sys.version.split()[0]}, {os.cpu_count()} CPUs)", "",
-             "| build | median us / chunk | runs | ratio to " + first + " |", "|---|---:|---|---:|"]
+             "| build, chunk | median us / chunk | runs | ratio to " + first + " |", "|---|---:|---|---:|"]
     base = statistics.median(runs[first])
     for name, values in runs.items():
         med = statistics.median(values)

@@ -152,21 +152,28 @@ class PlainReader:
     JSON string's body (the pattern's own text group), is the same match with another text: the
     pattern has no back-references and none of its look-aheads reaches into the text. Anything else goes
     to the full pattern, which learns the new surroundings (the role chunk, a change of shape).
+
+    `last_plain` says whether the last chunk read was plain: only then is the stream between chunks of
+    the learned shape (a stream whose content chunks carry logprobs has a plain role chunk, then none).
     """
 
-    __slots__ = ("prefix", "suffix", "least")
+    __slots__ = ("prefix", "suffix", "least", "last_plain")
 
     def __init__(self) -> None:
         self.prefix: bytes | None = None
         self.suffix = b""
         self.least = 0
+        self.last_plain = False
 
     def text(self, data: bytes) -> bytes | None:
         prefix = self.prefix
         if prefix is not None and len(data) >= self.least and data.startswith(prefix) and data.endswith(self.suffix):
             text = data[len(prefix):len(data) - len(self.suffix)]
             if _STRING_BODY.fullmatch(text) is not None:
-                return _decoded(text)
+                decoded = _decoded(text)
+                self.last_plain = decoded is not None
+                return decoded
+        self.last_plain = False
         if b'"finish_reason":"' in data or b'"usage":{' in data:  # the end of a stream: never plain, parsed in full
             return None
         match = _PLAIN.fullmatch(data)
@@ -175,4 +182,6 @@ class PlainReader:
         group = 1 if match.start(1) >= 0 else 2
         self.prefix, self.suffix = data[:match.start(group)], data[match.end(group):]
         self.least = len(self.prefix) + len(self.suffix)
-        return _decoded(match[group])
+        decoded = _decoded(match[group])
+        self.last_plain = decoded is not None
+        return decoded

@@ -513,9 +513,10 @@ class Tap:
             """To the relay thread, where the stream is between ordinary content chunks and nothing waits."""
             assert fast is not None and transport is not None and isinstance(relay, SseRelay)
             prefix = relay.plain.prefix
-            if (prefix is None or fruitless[0] >= 3 or not headers_sent or state.paused or state.gone
-                    or relay.saw_done or relay.held or not relay.splitter.empty() or not conn.between_chunks()
-                    or record.last_token is None or transport.get_write_buffer_size() or transport.is_closing()):
+            if (prefix is None or not relay.plain.last_plain or fruitless[0] >= 3 or not headers_sent
+                    or state.paused or state.gone or relay.saw_done or relay.held or not relay.splitter.empty()
+                    or not conn.between_chunks() or record.last_token is None or transport.get_write_buffer_size()
+                    or transport.is_closing()):
                 return
             up_fd, client_fd = conn.fileno(), _fileno(transport)
             if up_fd < 0 or client_fd < 0:
