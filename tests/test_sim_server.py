@@ -16,6 +16,7 @@ import requests
 from specwatch.acceptance import total
 from specwatch.chat_client import fetch_metrics, run_chat
 from specwatch.reconcile import reconcile
+from specwatch.simulator.unsimulated import CHAT_ONLY, WHAT_IT_NEEDS
 from specwatch.vllm_cpu.capture import capture_server, exchanges
 from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import article_rows
@@ -242,3 +243,49 @@ def test_several_choices_under_greedy_sampling_are_refused_as_vllm_refuses_them(
                                   "type": "BadRequestError", "param": None, "code": 400}}
     assert requests.post(sim_ngram.url + "/v1/chat/completions", json={**body, "temperature": 0.5},
                          timeout=10).status_code == 200
+
+
+UNSIMULATED_EXAMPLES = {  # a value vLLM 0.32.0 accepts for each field the simulator refuses
+    "echo": True, "prompt_logprobs": 0, "logprob_token_ids": [5], "return_token_ids": True,
+    "return_tokens_as_token_ids": True, "return_token_offsets": True, "include_stop_str_in_output": True,
+    "min_tokens": 3, "stop_token_ids": [2], "allowed_token_ids": [5, 6], "bad_words": ["queue"],
+    "use_beam_search": True, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "response_format": {"type": "json_object"}, "structured_outputs": {"choice": ["a", "b"]},
+    "continue_final_message": True,
+}
+
+
+def test_every_refused_field_has_an_example_here():
+    assert set(UNSIMULATED_EXAMPLES) == set(WHAT_IT_NEEDS)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("field", sorted(UNSIMULATED_EXAMPLES))
+def test_a_field_the_simulator_cannot_answer_as_vllm_gets_a_501_naming_it(sim_ngram, path, field):
+    base = ({"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"}) | {
+        "max_tokens": 2, "temperature": 0}
+    r = requests.post(sim_ngram.url + path, json={**base, field: UNSIMULATED_EXAMPLES[field]}, timeout=10)
+    if "chat" not in path and field in CHAT_ONLY:  # not a completion's field: vLLM ignores it, so does the simulator
+        assert r.status_code == 200, r.text
+        return
+    assert r.status_code == 501, r.text
+    error = r.json()["error"]
+    assert error["type"] == "NotImplementedError" and error["code"] == 501 and error["param"] == field
+    assert f"`{field}`" in error["message"] and "vLLM 0.32.0 answers it" in error["message"]
+    assert requests.post(sim_ngram.url + path, json=base, timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("defaults", [
+    {"echo": False, "min_tokens": 0, "stop_token_ids": [], "bad_words": [], "tools": [], "prompt_logprobs": None,
+     "include_stop_str_in_output": False, "use_beam_search": False, "response_format": {"type": "text"}},
+    {"top_p": 0.9, "top_k": 5, "presence_penalty": 0.5, "repetition_penalty": 1.1, "logit_bias": {"5": 1}},
+])
+def test_fields_at_their_defaults_and_sampling_knobs_are_accepted(sim_ngram, defaults):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "temperature": 0, **defaults}
+    r = requests.post(sim_ngram.url + "/v1/chat/completions", json=body, timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_a_malformed_request_gets_its_400_before_an_unsimulated_field_its_501(sim_ngram):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "n": 0, "echo": True}
+    assert requests.post(sim_ngram.url + "/v1/chat/completions", json=body, timeout=10).status_code == 400

@@ -27,6 +27,7 @@ from specwatch.simulator import logprobs
 from specwatch.simulator.engine import EOS, Engine, EngineRequest, StepOutput
 from specwatch.simulator.target import generate
 from specwatch.simulator.tokens import tokenize
+from specwatch.simulator.unsimulated import unsimulated
 
 VERSION = "0.32.0"
 CHAT_TEMPLATE = "<|im_start|>{role}\n{content}<|im_end|>\n"
@@ -192,6 +193,14 @@ class SimApi:
         temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
         if temperature < GREEDY_BELOW and n > 1:  # vLLM's SamplingParams._verify_greedy_sampling
             raise ApiError(f"n must be 1 when using greedy sampling, got {n}.")
+        missing = unsimulated(body, chat)
+        if missing is not None:  # after the checks vLLM makes, so a malformed request still gets its 400
+            field, needs = missing
+            shown = _dumps(body[field])
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise ApiError(f"specwatch sim does not simulate `{field}` (set to {shown}): it needs "
+                           f"{needs}, which the simulator does not model. vLLM {VERSION} answers it; leave the field "
+                           f"out, or send this request to a real server.", 501, "NotImplementedError", field)
         return _Parsed(prompts, n, max_tokens, stream, include_usage, tuple(stop), temperature,
                        _int(body, "seed", self.cfg.seed, -2**63), bool(body.get("ignore_eos", False)), top)
 
