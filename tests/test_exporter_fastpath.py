@@ -20,8 +20,8 @@ from aiohttp import web
 
 from specwatch.exporter import fastrelay
 from specwatch.exporter.accounting import utf8
+from specwatch.exporter.relays import _stamp_fingerprint
 from specwatch.exporter.sse import PlainReader, SseSplitter, _data, plain_text
-from specwatch.exporter.tap import _stamp_fingerprint
 from specwatch.net import free_port
 from tests.conftest import Service
 from tests.test_exporter import value

@@ -15,9 +15,9 @@ import pytest
 from specwatch.exporter.classify import classify
 from specwatch.exporter.config import YAML_KEYS, ConfigError, load
 from specwatch.exporter.eventlog import EventLog
+from specwatch.exporter.relays import _stamp_fingerprint, plan_request
 from specwatch.exporter.routing import Router
 from specwatch.exporter.sse import SseSplitter
-from specwatch.exporter.tap import _stamp_fingerprint, plan_request
 from specwatch.exporter.upstream import Connection, Pool
 from specwatch.workloads import article_prompt
 
@@ -211,7 +211,7 @@ def _relay_through(wire: bytes, cuts: list[int], strip: bool) -> tuple[bytes, An
 
     from specwatch.exporter.accounting import RequestRecord
     from specwatch.exporter.metrics import ExporterMetrics
-    from specwatch.exporter.tap import SseRelay, UpstreamRequest
+    from specwatch.exporter.relays import SseRelay, UpstreamRequest
     from specwatch.exporter.upstream import Connection
 
     loop = asyncio.new_event_loop()
@@ -248,7 +248,7 @@ def test_each_event_is_offered_to_the_plain_reader_once_when_chunks_hold_one_eve
 
     from specwatch.exporter.accounting import RequestRecord
     from specwatch.exporter.metrics import ExporterMetrics
-    from specwatch.exporter.tap import SseRelay, UpstreamRequest
+    from specwatch.exporter.relays import SseRelay, UpstreamRequest
 
     stream = _sse_stream(False)
     events = [e + b"\n\n" for e in stream.split(b"\n\n")[:-1]]
@@ -280,7 +280,7 @@ def test_direct_relay_is_byte_identical_and_exact_however_the_bytes_arrive(strip
     split anywhere: the client gets the upstream's bytes (usage chunk removed and fingerprint stamped when the
     tap asked for usage), [DONE] only from finish(), and the record's text hash and usage are exact."""
     stream = _sse_stream(strip)
-    from specwatch.exporter.tap import _stamp_fingerprint
+    from specwatch.exporter.relays import _stamp_fingerprint
     if strip:  # what the client would have received from vLLM without include_usage
         events = stream.split(b"\n\n")[:-1]
         finish = _stamp_fingerprint(events[-3] + b"\n\n", "fp-1")
