@@ -49,20 +49,23 @@ def _kernel_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _usable(host: str, port: int, width: int) -> bool:
+    """Whether `width` ports from `port` on are in range, none handed out before, each bindable now."""
+    block = range(port, port + width)
+    return port + width <= 65536 and not _handed_out.intersection(block) and all(_bindable(host, p) for p in block)
+
+
 def _draw(host: str, width: int) -> int:
     """The first of `width` consecutive free ports none of which was handed out; the caller holds the lock."""
     ephemeral = ephemeral_range()
     below = ephemeral[0] - width if ephemeral else 0
     for _ in range(TRIES if below - LOWEST >= 1000 else 0):
         port = _random.randrange(LOWEST, below + 1)
-        block = range(port, port + width)
-        if not _handed_out.intersection(block) and all(_bindable(host, p) for p in block):
+        if _usable(host, port, width):
             return port
     while True:  # no room below the ephemeral range, or it is full: the kernel's pick
         port = _kernel_port(host)
-        block = range(port, port + width)
-        if port + width <= 65536 and not _handed_out.intersection(block) and all(
-                _bindable(host, p) for p in block[1:]):
+        if _usable(host, port, width):
             return port
 
 

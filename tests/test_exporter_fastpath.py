@@ -312,22 +312,28 @@ def serving(chat: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Ite
         thread.join(10)
 
 
+def replaying(body: bytes) -> contextlib.AbstractContextManager[str]:
+    """An upstream that answers every chat request with a captured stream, one event per HTTP chunk a few ms
+    apart, as vLLM writes."""
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        for event in SseSplitter().feed(body):
+            await resp.write(event.raw)
+            await asyncio.sleep(0.002)
+        await resp.write_eof()
+        return resp
+
+    return serving(chat)
+
+
 def test_an_n2_stream_alternating_its_chunk_shape_is_handed_to_the_relay_thread_at_most_three_times(
         service_factory: Callable[[str, list[str]], Service]) -> None:
     """Two choices: chunks alternate index 0 and 1, so the relay thread hands each hand-over back at once.
     After three such the stream stays in Python (without the limit: one hand-over per chunk)."""
     body = (FIXTURES / "ngram" / "chat_n2_stream_usage.response").read_bytes()
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await resp.prepare(request)
-        for event in SseSplitter().feed(body):  # one event per HTTP chunk, as vLLM writes
-            await resp.write(event.raw)
-            await asyncio.sleep(0.002)
-        await resp.write_eof()
-        return resp
-
-    with serving(chat) as url:
+    with replaying(body) as url:
         tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
         got = requests.post(tap.url + "/v1/chat/completions", timeout=30, json={
             "model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True, "n": 2,
@@ -518,16 +524,7 @@ def test_a_stream_with_logprobs_stays_in_python_and_is_never_handed_to_the_relay
     for its turn as if it were the stream's end."""
     body = (FIXTURES / "ngram" / "chat_logprobs_stop_string_stream_usage.response").read_bytes()
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await resp.prepare(request)
-        for event in SseSplitter().feed(body):  # one event per HTTP chunk, as vLLM writes
-            await resp.write(event.raw)
-            await asyncio.sleep(0.002)
-        await resp.write_eof()
-        return resp
-
-    with serving(chat) as url:
+    with replaying(body) as url:
         tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
         got = requests.post(tap.url + "/v1/chat/completions", timeout=30, json={
             "model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True,

@@ -17,7 +17,7 @@ from typing import Any
 
 
 def _set(value: Any) -> bool:
-    return value is not None and value is not False and value != [] and value != {} and value != 0
+    return value not in (None, False, [], {})  # False == 0: `"min_tokens": 0` is not set either
 
 
 def _structured(value: Any) -> bool:
