@@ -13,6 +13,12 @@ ratio), on per-request samples of both sides:
   interval lies above (below) the band of no meaningful change; otherwise `pass`: no evidence of
   a change larger than the band.
 
+A blocked study (`blocked`: the variants measured in rounds, one block each per round) is judged
+within rounds: each round's values are aligned on the round's centre before the test and
+Hodges-Lehmann (aligned ranks, Hodges & Lehmann 1962), so a slowdown that hits every variant of a
+round cancels; and the effect of each round is kept, their mean with Student's t interval over
+rounds. `high` / `low` then needs both intervals, over requests and over rounds, beyond the band.
+
 The states are the canary's. What a state means is the caller's: the canary scores them
 (`specwatch.canary.judge`: a `high` TPOT fails), the study turns them into GO / NO-GO /
 INCONCLUSIVE (`specwatch.report.verdict`: a `low` TPOT is a gain).
@@ -20,11 +26,12 @@ INCONCLUSIVE (`specwatch.report.verdict`: a `low` TPOT is a gain).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from specwatch.stats import Shift, compare, median, newcombe
+from specwatch.stats import Shift, compare, mean_interval, median, newcombe
 
 State = Literal["pass", "high", "low", "insufficient"]
 Scale = Literal["ratio", "difference"]
@@ -69,6 +76,10 @@ class Comparison:
     baseline: float | None = None  # the median (or the proportion) of each side, where it has samples
     candidate: float | None = None
     significant: bool = False
+    within: bool = False  # every interval lies inside the band: evidence of no meaningful change
+    rounds: int = 1  # rounds with samples on both sides (1: not blocked)
+    over_rounds: Shift | None = None  # the mean of the per-round effects, with its interval over rounds
+    per_round: tuple[float, ...] = ()  # the effect in each round (a ratio, or a difference)
 
     @property
     def detail(self) -> str:
@@ -76,8 +87,10 @@ class Comparison:
         if self.state == "insufficient":
             return "insufficient data"
         if self.state == "pass":
+            if self.within:
+                return "no meaningful change (the interval lies inside the tolerance)"
             return ("significant, but the interval reaches into the tolerance" if self.significant
-                    else "no significant difference")
+                    else "no significant difference, but the interval reaches beyond the tolerance")
         return f"significant and entirely {'higher' if self.state == 'high' else 'lower'} than the tolerance"
 
 
@@ -92,6 +105,10 @@ def classify(p_value: float, effect: Shift, band: Band, alpha: float) -> State:
     return "pass"
 
 
+def inside(effect: Shift, band: Band) -> bool:
+    return band.low <= effect.low and effect.high <= band.high
+
+
 def samples(baseline: Sequence[float], candidate: Sequence[float], scale: Scale, band: Band,
             rules: Rules = Rules()) -> Comparison:
     """Compare two per-request samples (ratio scale: positive values only, e.g. seconds or tokens / s)."""
@@ -101,7 +118,55 @@ def samples(baseline: Sequence[float], candidate: Sequence[float], scale: Scale,
         return Comparison("insufficient", scale, nb, nc, None, None, *medians)
     cmp = compare(baseline, candidate, scale == "ratio", rules.confidence)
     return Comparison(classify(cmp.p_value, cmp.effect, band, rules.alpha), scale, nb, nc, cmp.effect, cmp.p_value,
-                      *medians, cmp.p_value < rules.alpha)
+                      *medians, cmp.p_value < rules.alpha, inside(cmp.effect, band))
+
+
+def blocked(baseline: Mapping[int, Sequence[float]], candidate: Mapping[int, Sequence[float]], scale: Scale,
+            band: Band, rules: Rules = Rules()) -> Comparison:
+    """Compare per-request samples measured in rounds (round -> values on each side), within rounds.
+
+    Only rounds with values on both sides count. With one such round this is `samples`. Otherwise each
+    round's values (their logs on the ratio scale) are aligned on the round's centre, the midpoint of the
+    two sides' medians, and the aligned values are tested and estimated as two samples: a shift that hits
+    both sides of a round moves its centre and nothing else. The per-round effects (candidate median
+    against baseline median) give the interval over rounds. `high` / `low` needs both intervals beyond
+    the band; `within`, both inside it.
+    """
+    rounds = sorted(r for r in baseline if baseline[r] and candidate.get(r))
+    flat_b = [x for r in rounds for x in baseline[r]]
+    flat_c = [x for r in rounds for x in candidate[r]]
+    if len(rounds) < 2:
+        return samples(flat_b or [x for v in baseline.values() for x in v],
+                       flat_c or [x for v in candidate.values() for x in v], scale, band, rules)
+    nb, nc = len(flat_b), len(flat_c)
+    medians = (median(flat_b), median(flat_c))
+    if nb < rules.min_samples or nc < rules.min_samples:
+        return Comparison("insufficient", scale, nb, nc, None, None, *medians, rounds=len(rounds))
+    ratio = scale == "ratio"
+    if ratio and (min(flat_b) <= 0 or min(flat_c) <= 0):
+        raise ValueError("the ratio scale needs positive values")
+    f = math.log if ratio else float
+    back = math.exp if ratio else float
+    aligned_b: list[float] = []
+    aligned_c: list[float] = []
+    per_round: list[float] = []
+    for r in rounds:
+        b, c = [f(x) for x in baseline[r]], [f(x) for x in candidate[r]]
+        mb, mc = median(b), median(c)
+        centre = (mb + mc) / 2
+        aligned_b += [x - centre for x in b]
+        aligned_c += [x - centre for x in c]
+        per_round.append(mc - mb)
+    cmp = compare(aligned_b, aligned_c, False, rules.confidence)
+    e, m = cmp.effect, mean_interval(per_round, rules.confidence)
+    effect = Shift(back(e.estimate), back(e.low), back(e.high), e.confidence)
+    over = Shift(back(m.estimate), back(m.low), back(m.high), m.confidence)
+    by_requests = classify(cmp.p_value, effect, band, rules.alpha)
+    by_rounds: State = "high" if over.low > band.high else "low" if over.high < band.low else "pass"
+    state: State = by_requests if by_requests == by_rounds else "pass"
+    return Comparison(state, scale, nb, nc, effect, cmp.p_value, *medians, cmp.p_value < rules.alpha,
+                      inside(effect, band) and inside(over, band), len(rounds), over,
+                      tuple(back(d) for d in per_round))
 
 
 def proportions(k_baseline: int, n_baseline: int, k_candidate: int, n_candidate: int, band: Band,

@@ -12,8 +12,11 @@
 - `newcombe(k1, n1, k2, n2, confidence)`: p1 - p2 with Newcombe's hybrid score interval
   (from two Wilson intervals) and the pooled two-proportion z-test, for error ratios.
 - `ratio_of_sums(numerators, denominators, confidence)`: sum(a) / sum(b) over requests (an
-  acceptance rate C / D, summed first, then divided) with the ratio estimator's normal interval,
-  the request as the unit (tokens of one request are not independent draws).
+  acceptance rate C / D, summed first, then divided) with the ratio estimator's interval (Student's t
+  with n - 1 degrees of freedom), the request as the unit (tokens of one request are not independent
+  draws).
+- `mean_interval(values, confidence)`: the mean of a few values (one effect per round of a blocked
+  study) with Student's t interval; `t_quantile(p, df)` from the regularised incomplete beta function.
 
 `compare()` applies them to one metric: on the log scale for positive, ratio-like metrics
 (the effect and its interval are then candidate / baseline ratios, exp of the log shift);
@@ -153,8 +156,72 @@ def ratio_of_sums(numerators: Sequence[float], denominators: Sequence[float], co
     if n < 2:
         return Shift(r, r, r, 0.0)  # one request: no spread to estimate
     se = math.sqrt(n / (n - 1) * sum((a - r * b) ** 2 for a, b in zip(numerators, denominators, strict=True))) / total
-    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
-    return Shift(r, r - z * se, r + z * se, confidence)
+    t = t_quantile(1 - (1 - confidence) / 2, n - 1)
+    return Shift(r, r - t * se, r + t * se, confidence)
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1) < 1e-14:
+            break
+    return h
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1 - front * _beta_fraction(b, a, 1 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function."""
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (bisection on `t_cdf`)."""
+    if not 0 < p < 1 or df <= 0:
+        raise ValueError(f"t_quantile: expected 0 < p < 1 and df > 0, got p = {p}, df = {df}")
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
+        if high - low < 1e-12:
+            break
+    return (low + high) / 2
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Shift:
+    """The mean of `values` with Student's t interval (n - 1 degrees of freedom); at least two values."""
+    n = len(values)
+    if n < 2:
+        raise ValueError("mean_interval: expected at least two values")
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return Shift(mean, mean - half, mean + half, confidence)
 
 
 @dataclass(frozen=True)

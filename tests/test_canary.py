@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import random
 import secrets
+import statistics
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,8 +29,9 @@ from specwatch.net import free_port
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.vllm_cpu.server import VllmServer
 from specwatch.vllm_metrics import samples
-from specwatch.workloads import article_rows, write_article_workloads
+from specwatch.workloads import Row, article_rows, write_article_workloads
 from tests.conftest import NGRAM_SIM_ARGS, Service
+from tests.hog import Hog
 
 TOKEN_ENV = "SPECWATCH_TEST_CANARY_TOKEN"
 
@@ -336,6 +339,59 @@ def test_real_vllm_a_against_a_passes_with_acceptance_compared(ngram_server: Vll
     acceptance = metric(doc, "code", "acceptance_rate")
     assert acceptance["state"] == "pass" and acceptance["n_baseline"] == acceptance["n_candidate"] == 20
     assert acceptance["effect"]["low"] <= 0 <= acceptance["effect"]["high"]
+
+
+@pytest.mark.real_vllm
+def test_real_vllm_a_against_a_with_a_cpu_hog_mid_split_still_passes(ngram_server: VllmServer,
+                                                                      tmp_path: Path) -> None:
+    """The A/A canary above with a CPU hog (one busy process per core) over the middle third of the
+    load: the hog slows the one server, so both routes slow together and the verdict stays the quiet
+    one (pass). Each third holds both sides of the same 8 prompts, shuffled: a split sends the same
+    share to each side at every moment, where a plain shuffle of 48 jobs could put 11 of one side's and
+    5 of the other's into the hog's third, an imbalance of the test's making rather than the hog's."""
+    folder = tmp_path / "hog"
+    folder.mkdir()
+    events = folder / "events.jsonl"
+    tap = Service("exporter", ["--upstream", f"baseline={ngram_server.url}", "--upstream",
+                               f"candidate={ngram_server.url}", "--event-log", str(events)],
+                  folder / "exporter.log", "/healthz")
+    rows = article_rows("code", "en", 24)
+    rng = random.Random(0)
+    thirds = []
+    for part in (rows[:8], rows[8:16], rows[16:]):
+        jobs = [(v, row) for row in part for v in ("baseline", "candidate")]
+        rng.shuffle(jobs)
+        thirds.append(jobs)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            def send(jobs: list[tuple[str, Row]]) -> None:
+                list(pool.map(lambda job: chat(tap.url, job[1].prompt, 16, job[0], "code"), jobs))
+
+            send(thirds[0])
+            with Hog(seconds=90) as hog:  # bounded: ends itself after 90 s whatever happens here
+                send(thirds[1])
+                covered = hog.running  # still spinning when the last request of its third came back
+            stopped = time.time()
+            send(thirds[2])
+        code, doc = canary(folder / "report", "--event-log", str(events), "--task", "code")
+    finally:
+        tap.stop()
+    assert code == EXIT_PASS, (folder / "report" / "canary.md").read_text()
+    assert doc["verdict"] == "pass" and doc["tasks"][0]["score"] == 100
+    for m in doc["tasks"][0]["metrics"]:
+        assert m["state"] == ("insufficient" if m["metric"] in ("itl_p95", "output_identical") else "pass"), m
+    acceptance = metric(doc, "code", "acceptance_rate")
+    assert acceptance["n_baseline"] == acceptance["n_candidate"] == 24
+    # the hog did slow the server, on both sides: per-request latency (from the event log: `ts` is the end,
+    # on the clock of `hog.started`) of the requests wholly under the hog against those before it
+    assert covered and hog.started is not None
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    for variant in ("baseline", "candidate"):
+        mine = [e for e in lines if e["variant"] == variant]
+        before = [e["e2e_s"] for e in mine if e["ts"] < hog.started]
+        under = [e["e2e_s"] for e in mine if e["ts"] - e["e2e_s"] >= hog.started and e["ts"] <= stopped]
+        assert len(before) == len(under) == 8, (variant, len(before), len(under))
+        assert statistics.median(under) > 1.5 * statistics.median(before), (variant, before, under)
 
 
 def test_usage_errors_are_exit_2(tmp_path: Path) -> None:

@@ -108,6 +108,7 @@ tasks: {{code: article}}
 warmup_requests: 1
 acceptance: {{rows: 2, max_tokens: 32}}
 performance: {{concurrencies: [1, 8], requests: 24, warmup: 1, max_tokens: 64, ignore_eos: true}}
+design: sequential       # 24 requests per task in one block: at 8 the batch stays full (4 blocks of 6 would drain it)
 variants:
   baseline: {{}}
   ngram:
@@ -179,6 +180,7 @@ tasks: {{chat: article}}
 warmup_requests: 0
 acceptance: {{rows: 2, max_tokens: 16}}
 performance: {{concurrencies: [1], requests: 2, warmup: 0, max_tokens: 16}}
+design: sequential       # the first variant finishes before the second starts
 variants:
   first:
     speculative_config: {NGRAM}

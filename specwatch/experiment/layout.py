@@ -83,7 +83,13 @@ class VariantFolder:
         return self.root / "acceptance" / f"{task}.jsonl"
 
     def perf(self, concurrency: int) -> Path:
+        """The performance pass at one concurrency: every block's requests merged (`requests.jsonl`, each line
+        with its round) and their `summary.json`."""
         return self.root / "perf" / f"c{concurrency}"
+
+    def block(self, concurrency: int, round_: int) -> Path:
+        """One round's block of the performance pass, as Locust wrote it."""
+        return self.perf(concurrency) / "rounds" / f"r{round_}"
 
     def read_status(self) -> dict[str, Any] | None:
         return read_json_object(self.status)

@@ -56,14 +56,13 @@ def acceptance_pass(url: str, task: str, rows: Sequence[Row], folder: VariantFol
               concurrency=cfg.concurrency, model=model, top_logprobs=TOP_LOGPROBS)
 
 
-def performance_pass(url: str, workloads: Mapping[str, Path], folder: VariantFolder, cfg: PerformancePass,
-                     concurrency: int, model: str) -> dict[str, Any]:
-    out = folder.perf(concurrency)
+def performance_pass(url: str, workloads: Mapping[str, Path], out: Path, cfg: PerformancePass, concurrency: int,
+                     model: str, *, requests: int, warmup: int) -> dict[str, Any]:
+    """One block of the performance pass: `requests` per task (after `warmup` per task) at `concurrency`, into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     with (out / "summary.txt").open("w") as report:  # Locust's table, kept instead of printed
-        return run_load(LoadConfig(url, concurrency, cfg.requests_at(concurrency), dict(workloads), out, cfg.warmup,
-                                   cfg.ignore_eos, cfg.max_tokens, cfg.max_seconds, model),
-                        Console(file=report, width=160))
+        return run_load(LoadConfig(url, concurrency, requests, dict(workloads), out, warmup, cfg.ignore_eos,
+                                   cfg.max_tokens, cfg.max_seconds, model), Console(file=report, width=160))
 
 
 # -- reconciliation ---------------------------------------------------------------------------------

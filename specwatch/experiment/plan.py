@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import yaml
 
@@ -25,6 +25,12 @@ from specwatch.workloads import TASKS
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LANGS = ("en", "zh")
+Design = Literal["interleaved", "sequential"]
+DESIGNS: tuple[Design, ...] = ("interleaved", "sequential")
+# Backends whose servers can all be up at once beside each other on this host: processes that need no GPU.
+# A GPU server (`process`, `docker`) takes the whole device, so a plan on one runs its variants in turn.
+SIDE_BY_SIDE = ("sim", "vllm_cpu")
+DEFAULT_ROUNDS = 4
 
 
 class PlanError(ValueError):
@@ -68,6 +74,12 @@ class PerformancePass:
     def requests_at(self, concurrency: int) -> int:
         """Requests per task at `concurrency`: a high one needs more to keep its batch full for a while."""
         return (self.by_concurrency or {}).get(concurrency, self.requests)
+
+    def block_requests(self, concurrency: int, rounds: int, round_: int) -> int:
+        """Requests per task in round `round_` (1-based) of `rounds`: the pass's share, the first rounds taking
+        one more where they do not divide evenly."""
+        whole, extra = divmod(self.requests_at(concurrency), rounds)
+        return whole + (1 if round_ <= extra else 0)
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,10 @@ class StudyPlan:
     variants: tuple[Variant, ...]
     text: str  # the plan file as given (saved as results/<run-id>/plan.yaml)
     sweep: Sweep | None = None
+    # interleaved: every variant's server up at once, the performance pass in `rounds` rounds of one block per
+    # variant, the order rotated from round to round; sequential: each variant in turn, one block each
+    design: Design = "sequential"
+    rounds: int = 1
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -399,7 +415,33 @@ def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass |
 
 
 TOP_KEYS = ("name", "backend", "model", "served_model_name", "server", "lang", "tasks", "warmup_requests",
-            "acceptance", "performance", "variants", "sweep")
+            "acceptance", "performance", "variants", "sweep", "design", "rounds")
+
+
+def _design(m: dict[str, Any], variants: tuple[Variant, ...], sweep: Sweep | None,
+            performance: PerformancePass | None) -> tuple[Design, int]:
+    """The plan's design and rounds; by default the strongest that fits: interleaved where every variant's
+    server can run beside the others (a study on `sim` or `vllm_cpu`), else sequential. A sweep is sequential
+    (its proof measures one more variant after tuning)."""
+    fits = sweep is None and all(v.backend.kind in SIDE_BY_SIDE for v in variants)
+    design = m.get("design", "interleaved" if fits else "sequential")
+    if design not in DESIGNS:
+        raise PlanError(f"design: expected one of {', '.join(DESIGNS)}, got {_kind(design)}")
+    if design == "interleaved" and not fits:
+        why = ("a sweep runs its cells in turn" if sweep is not None else
+               "every variant's server must run beside the others, and "
+               + ", ".join(f"{v.name} runs on {v.backend.kind}" for v in variants
+                           if v.backend.kind not in SIDE_BY_SIDE) + f" (side by side: {', '.join(SIDE_BY_SIDE)})")
+        raise PlanError(f"design: interleaved does not fit this plan: {why}; write `design: sequential`")
+    fewest = min((performance.requests_at(c) for c in performance.concurrencies), default=1) if performance else 1
+    rounds = _int(m, "rounds", "plan", min(DEFAULT_ROUNDS, fewest) if design == "interleaved" else 1)
+    if design == "sequential" and rounds != 1:
+        raise PlanError(f"rounds: a sequential design measures each variant in one block, got {rounds}; "
+                        "use `design: interleaved` for rounds")
+    if rounds > fewest:
+        raise PlanError(f"rounds: {rounds} rounds need at least as many requests per task at every concurrency, "
+                        f"and performance.requests gives {fewest}")
+    return cast(Design, design), rounds
 
 
 def parse_plan(text: str, base_dir: Path, home: Home) -> StudyPlan:
@@ -427,10 +469,11 @@ def parse_plan(text: str, base_dir: Path, home: Home) -> StudyPlan:
         sweep, variants = _sweep(m["sweep"], model, backend, performance, _server(m.get("server")), home)
     else:
         variants = _variants(m["variants"], model, backend, home)
+    design, rounds = _design(m, variants, sweep, performance)
     return StudyPlan(
         name=_str(m, "name", "plan", "experiment"), model=model,
         served_model_name=_str(m, "served_model_name", "plan", SERVED_MODEL_NAME),
         server=_server(m.get("server")), lang=lang, tasks=_tasks(m["tasks"], base_dir),
         warmup_requests=_int(m, "warmup_requests", "plan", 1, minimum=0),
         acceptance=_acceptance(m.get("acceptance")), performance=performance,
-        variants=variants, text=text, sweep=sweep)
+        variants=variants, text=text, sweep=sweep, design=design, rounds=rounds)

@@ -1,10 +1,13 @@
-"""Run a plan: each variant in turn on its own server, results written as they are produced, resumable.
+"""Run a plan: each variant on its own server, in the plan's design, results written as they are produced, resumable.
 
 For each variant: start its server (its backend), wait for health, record the environment,
-warm up, snapshot `/metrics`, acceptance pass per task, performance pass per concurrency,
+warm up, snapshot `/metrics`, acceptance pass per task, the performance pass in blocks,
 snapshot again, reconcile, stop the server and confirm it is gone, then write `status.json`
-last. A variant with a `done` status is never redone or touched; anything else is set aside
-under `interrupted/` and redone.
+last. The design decides when: `sequential` runs each variant from start to stop in turn, one
+block per concurrency; `interleaved` starts every server at once and runs the performance pass in
+rounds of one block per variant, the order rotated each round (`specwatch.experiment.blocks`), so
+that whatever slows the machine slows every variant of a round. A variant with a `done` status is
+never redone or touched; anything else is set aside under `interrupted/` and redone.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import json
 import shutil
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +30,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specwatch import __version__, snapshot
 from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_backend, wait_http_health
-from specwatch.backends.base import HOST
+from specwatch.backends.base import HOST, Server
 from specwatch.config import Home
-from specwatch.experiment import environment, passes
+from specwatch.experiment import blocks, environment, passes
+from specwatch.experiment.blocks import rotation
 from specwatch.experiment.layout import (
     DONE,
     FAILED,
@@ -107,8 +113,33 @@ def _without_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 
 def steps(plan: StudyPlan) -> int:
-    perf = len(plan.performance.concurrencies) if plan.performance else 0
-    return 2 + len(plan.tasks) + perf  # start, acceptance per task, perf per concurrency, stop
+    """Progress steps per variant: start, acceptance per task, one block per concurrency and round, stop."""
+    perf = len(plan.performance.concurrencies) * plan.rounds if plan.performance else 0
+    return 2 + len(plan.tasks) + perf
+
+
+Step = Callable[[str], None]
+Advance = Callable[[], None]
+
+
+@dataclass
+class Serving:
+    """One variant of the run while it is measured: its server, its folder, and what it has recorded so far."""
+
+    variant: Variant
+    folder: VariantFolder
+    status: dict[str, Any]
+    started: float  # time.monotonic() when its turn began
+    launch: Launch | None = None
+    server: Server | None = None
+    before: snapshot.Snapshot | None = None
+    window_start: float = 0.0
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # the performance blocks: concurrency, round, times
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return self.server.url
 
 
 class Runner:
@@ -258,41 +289,206 @@ class Runner:
 
     def _variants(self, variants: Sequence[Variant]) -> RunResult:
         statuses: dict[str, dict[str, Any]] = {}
-        per_variant = steps(self.plan)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=self.console) as progress:
-            bar = progress.add_task("experiment", total=per_variant * len(variants))
+            bar = progress.add_task("experiment", total=steps(self.plan) * len(variants))
+            todo: list[Serving] = []
             for v in variants:
                 folder = self.run.variant(v.name)
                 if folder.finished():
                     statuses[v.name] = folder.read_status() or {}
-                    progress.advance(bar, per_variant)
+                    progress.advance(bar, steps(self.plan))
                     progress.console.print(f"{v.name}: finished earlier, kept")
                     continue
                 moved = self.run.set_aside(v.name)
                 if moved:
                     progress.console.print(f"{v.name}: unfinished results moved to {moved}; redoing it")
-                done_before = progress.tasks[0].completed
+                todo.append(Serving(v, folder, {"variant": v.name, "started": _now(), "baseline": v.baseline,
+                                                "speculative_config": v.speculative_config,
+                                                "design": self.plan.design}, time.monotonic()))
 
-                def step(what: str, name: str = v.name) -> None:
-                    progress.update(bar, description=f"{name}: {what}")
+            def step(what: str) -> None:
+                progress.update(bar, description=what)
 
-                def advance() -> None:
-                    progress.advance(bar)
+            def advance() -> None:
+                progress.advance(bar)
 
-                statuses[v.name] = self.variant(v, folder, step, advance)
-                progress.update(bar, completed=done_before + per_variant)
-                s = statuses[v.name]
-                progress.console.print(f"{v.name}: {s['state']}" + (
-                    f", reconciliation {'equal' if s.get('ok') else 'MISMATCH'}" if s["state"] == DONE
-                    else f": {s.get('error')}"))
+            if self.plan.design == "interleaved":
+                if statuses and todo:
+                    progress.console.print(f"{', '.join(s.variant.name for s in todo)}: measured in rounds of their "
+                                           f"own; {', '.join(statuses)} finished earlier, outside those rounds")
+                done = self._interleaved(todo, step, advance)
+            else:
+                done = [self._sequential(s, step, advance) for s in todo]
+            for s in done:
+                statuses[s.variant.name] = s.status
+                progress.console.print(f"{s.variant.name}: {s.status['state']}" + (
+                    f", reconciliation {'equal' if s.status.get('ok') else 'MISMATCH'}" if s.status["state"] == DONE
+                    else f": {s.status.get('error')}"))
             progress.update(bar, description="experiment done")
         record = read_json_object(self.run.run) or {}
         record["attempts"][-1]["finished"] = _now()
+        record.update(design=self.plan.design, rounds=self.plan.rounds)
         record["statuses"] = {**record.get("statuses", {}),
                               **{n: {k: s.get(k) for k in ("state", "ok")} for n, s in statuses.items()}}
         write_json(self.run.run, record)
         return RunResult(self.run.root, statuses)
+
+    # -- designs: which server is up when, and the order of the blocks ------------------------------
+
+    def _sequential(self, s: Serving, step: Step, advance: Advance) -> Serving:
+        """One variant from start to stop: its passes, then one block per concurrency."""
+        with self._stopped_on_the_way_out([s]):
+            if self._start(s, step, advance):
+                self._guard(s, partial(self._open, s, step, advance))
+                for c in self._concurrencies():
+                    self._guard(s, partial(self._block, s, c, 1, step, advance))
+                self._guard(s, partial(self._close, s, step))
+            return self._stop(s, step, advance)
+
+    def _interleaved(self, todo: Sequence[Serving], step: Step, advance: Advance) -> list[Serving]:
+        """Every server up at once; the passes of each; then per concurrency `rounds` rounds of one block per
+        variant, the order rotated each round, so a slowdown of the machine lands on every variant of a round."""
+        if not todo:
+            return []
+        with self._stopped_on_the_way_out(todo):
+            step(f"starting {len(todo)} servers side by side")
+            with ThreadPoolExecutor(len(todo), thread_name_prefix="server-start") as pool:
+                up = list(pool.map(lambda s: self._start(s, step, advance), todo))
+            live = {s.variant.name: s for s, ok in zip(todo, up, strict=True) if ok}
+            for s in live.values():
+                self._guard(s, partial(self._open, s, step, advance))
+            for c in self._concurrencies():
+                for r in range(1, self.plan.rounds + 1):
+                    for name in rotation(list(live), r):
+                        self._guard(live[name], partial(self._block, live[name], c, r, step, advance))
+            for s in live.values():
+                self._guard(s, partial(self._close, s, step))
+            return [self._stop(s, step, advance) for s in todo]
+
+    @contextmanager
+    def _stopped_on_the_way_out(self, todo: Sequence[Serving]) -> Iterator[None]:
+        """On an interrupt (Ctrl+C, SIGTERM) or an unexpected error, stop every server still up, write no status."""
+        try:
+            yield
+        except BaseException:
+            for s in todo:
+                if s.server is not None and "stopped" not in s.status:
+                    try:
+                        s.server.stop()
+                    except BackendError as exc:
+                        self.console.print(f"{s.variant.name}: {exc}")
+            raise
+
+    def _concurrencies(self) -> tuple[int, ...]:
+        return self.plan.performance.concurrencies if self.plan.performance else ()
+
+    # -- one variant's steps ----------------------------------------------------------------------
+
+    def _guard(self, s: Serving, work: Callable[[], None]) -> None:
+        """Run one step of `s` unless an earlier one failed; an error is recorded in its status, the run goes on."""
+        if "error" in s.status or s.server is None:
+            return
+        try:
+            work()
+        except Exception as exc:  # recorded in status.json; the other variants go on
+            s.status["error_trace"] = traceback.format_exc(limit=8)
+            s.status["error"] = f"{type(exc).__name__}: {exc}"
+
+    def _start(self, s: Serving, step: Step, advance: Advance) -> bool:
+        v = s.variant
+        s.folder.root.mkdir(parents=True, exist_ok=True)
+        backend = self._backend(v)
+        s.launch = Launch(v.name, tuple(variant_args(self.plan, v)), free_port(), s.folder.server_log,
+                          self.plan.server.startup_timeout)
+        if self.timeline is not None:  # Prometheus takes the new target up while the server starts
+            self.timeline.target(v.name, f"http://{HOST}:{s.launch.port}")
+        step(f"{v.name}: starting {v.backend.kind} server")
+        try:
+            s.server = backend.start(s.launch)
+        except BackendError as exc:
+            s.status.update(state=FAILED, error=str(exc), seconds=round(time.monotonic() - s.started, 2))
+            write_json(s.folder.status, s.status)
+            return False
+        s.status["startup_seconds"] = round(time.monotonic() - s.started, 2)
+        s.window_start = time.time()
+        advance()
+        return True
+
+    def _open(self, s: Serving, step: Step, advance: Advance) -> None:
+        """The environment, the warm-up, the first snapshot and the acceptance pass of each task."""
+        v, folder, url = s.variant, s.folder, s.url
+        backend, model = self._backend(v), self.plan.served_model_name
+        if self.timeline is not None and not self.timeline.watch(v.name, url):
+            self.console.print(f"{v.name}: Prometheus did not scrape its server within 15 s; its curves start later")
+        step(f"{v.name}: recording the environment")
+        help_text = self._help(v, backend).result()
+        if help_text:
+            write_text(folder.help_text, help_text)
+        before_env = snapshot.take(url)
+        assert s.launch is not None
+        write_json(folder.environment, environment.environment(
+            url=url, command=backend.command_line(s.launch), args=s.launch.args, model=v.model,
+            speculative_config=v.speculative_config, backend=backend.describe(), inputs=self.inputs,
+            metrics_text=before_env.text, startup_seconds=s.status["startup_seconds"], has_help=bool(help_text)))
+        if self.plan.warmup_requests:
+            step(f"{v.name}: warming up")
+            rows = [r for t in self.plan.tasks for r in self.rows[t.name][:self.plan.warmup_requests]]
+            passes.chat_pass(url, rows, folder.warmup, max_tokens=16, concurrency=len(rows), model=model)
+        s.before = snapshot.take(url)
+        snapshot.write(s.before, folder.metrics_before)
+        for task in self.plan.tasks:
+            step(f"{v.name}: acceptance pass, {task.name}")
+            passes.acceptance_pass(url, task.name, self.rows[task.name], folder, self.plan.acceptance, model)
+            advance()
+
+    def _block(self, s: Serving, c: int, r: int, step: Step, advance: Advance) -> None:
+        """Round `r`'s block at concurrency `c`: its share of the pass's requests (Locust's warm-up in the
+        first round only)."""
+        perf = self.plan.performance
+        assert perf is not None
+        step(f"{s.variant.name}: performance, concurrency {c}, round {r} of {self.plan.rounds}")
+        started = time.time()
+        passes.performance_pass(s.url, self.workloads, s.folder.block(c, r), perf, c, self.plan.served_model_name,
+                                requests=perf.block_requests(c, self.plan.rounds, r),
+                                warmup=perf.warmup if r == 1 else 0)
+        s.blocks.append({"concurrency": c, "round": r, "start": started, "end": time.time()})
+        advance()
+
+    def _close(self, s: Serving, step: Step) -> None:
+        """The blocks merged per concurrency, the last snapshot, the reconciliation."""
+        v, folder = s.variant, s.folder
+        perf: dict[str, Any] = {}
+        for c in self._concurrencies():
+            rounds = sorted({b["round"] for b in s.blocks if b["concurrency"] == c})
+            summary = blocks.merge(folder, c, rounds)
+            failures = sum(t["failures"] for t in summary["tasks"].values())
+            perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"], "rounds": rounds}
+            if self.plan.sweep is not None:
+                self.console.print(cell_line(v, c, summary, folder.perf(c) / "requests.jsonl"))
+        after = snapshot.take(s.url)
+        snapshot.write(after, folder.metrics_after)
+        assert s.before is not None
+        reconciliation = passes.reconcile(snapshot.diff(s.before, after), folder, v.speculative_config is not None)
+        write_json(folder.reconciliation, reconciliation)
+        perf_ok = all(p["failures"] == 0 and p["locust_exit_code"] == 0 for p in perf.values())
+        s.status.update(reconciled=reconciliation["ok"], performance=perf, ok=reconciliation["ok"] and perf_ok,
+                        window=[s.window_start, time.time()])  # Unix seconds: healthy to the last snapshot
+
+    def _stop(self, s: Serving, step: Step, advance: Advance) -> Serving:
+        """Stop the server (confirmed gone, or the run stops) and write the status, last."""
+        if s.server is None:
+            return s  # it never started: `_start` wrote its status
+        step(f"{s.variant.name}: stopping the server")
+        s.status["stopped"] = s.server.stop()  # raises BackendError when not confirmed gone: the run stops
+        s.status["blocks"] = s.blocks
+        advance()
+        state = FAILED if "error" in s.status else DONE
+        s.status.update(state=state, seconds=round(time.monotonic() - s.started, 2))
+        if state == DONE:
+            s.status["finished"] = _now()
+        write_json(s.folder.status, s.status)  # last: the variant is finished only from here on
+        return s
 
     def _backend(self, v: Variant) -> Backend:
         key = repr(v.backend)
@@ -306,89 +502,6 @@ class Runner:
         if key not in self.help:
             self.help[key] = self.helpers.submit(backend.help_text)
         return self.help[key]
-
-    def variant(self, v: Variant, folder: VariantFolder, step: Any, advance: Any) -> dict[str, Any]:
-        started = time.monotonic()
-        status: dict[str, Any] = {"variant": v.name, "started": _now(), "baseline": v.baseline,
-                                  "speculative_config": v.speculative_config}
-        folder.root.mkdir(parents=True, exist_ok=True)
-        backend = self._backend(v)
-        args = variant_args(self.plan, v)
-        launch = Launch(v.name, tuple(args), free_port(), folder.server_log, self.plan.server.startup_timeout)
-        if self.timeline is not None:  # Prometheus takes the new target up while the server starts
-            self.timeline.target(v.name, f"http://{HOST}:{launch.port}")
-        step(f"starting {v.backend.kind} server")
-        try:
-            server = backend.start(launch)
-        except BackendError as exc:
-            return self._failed(folder, status, exc, started)
-        status["startup_seconds"] = round(time.monotonic() - started, 2)
-        advance()
-        window_start = time.time()
-        try:
-            if self.timeline is not None and not self.timeline.watch(v.name, server.url):
-                self.console.print(f"{v.name}: Prometheus did not scrape its server within 15 s; "
-                                   "its curves start later")
-            self._measure(v, folder, server.url, backend, launch, status, step, advance)
-            status["window"] = [window_start, time.time()]  # Unix seconds: healthy to the last snapshot
-        except Exception as exc:  # recorded in status.json; the run goes on with the next variant
-            status["error_trace"] = traceback.format_exc(limit=8)
-            status["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            step("stopping the server")
-            status["stopped"] = server.stop()  # raises BackendError when not confirmed gone: the run stops
-            advance()
-        if "error" in status:
-            status.update(state=FAILED, seconds=round(time.monotonic() - started, 2))
-            write_json(folder.status, status)
-            return status
-        status.update(state=DONE, finished=_now(), seconds=round(time.monotonic() - started, 2))
-        write_json(folder.status, status)  # last: the variant is finished only from here on
-        return status
-
-    def _measure(self, v: Variant, folder: VariantFolder, url: str, backend: Backend, launch: Launch,
-                 status: dict[str, Any], step: Any, advance: Any) -> None:
-        model = self.plan.served_model_name
-        step("recording the environment")
-        help_text = self._help(v, backend).result()
-        if help_text:
-            write_text(folder.help_text, help_text)
-        before_env = snapshot.take(url)
-        write_json(folder.environment, environment.environment(
-            url=url, command=backend.command_line(launch), args=launch.args, model=v.model,
-            speculative_config=v.speculative_config, backend=backend.describe(), inputs=self.inputs,
-            metrics_text=before_env.text, startup_seconds=status["startup_seconds"], has_help=bool(help_text)))
-        if self.plan.warmup_requests:
-            step("warming up")
-            rows = [r for t in self.plan.tasks for r in self.rows[t.name][:self.plan.warmup_requests]]
-            passes.chat_pass(url, rows, folder.warmup, max_tokens=16, concurrency=len(rows), model=model)
-        before = snapshot.take(url)
-        snapshot.write(before, folder.metrics_before)
-        for task in self.plan.tasks:
-            step(f"acceptance pass, {task.name}")
-            passes.acceptance_pass(url, task.name, self.rows[task.name], folder, self.plan.acceptance, model)
-            advance()
-        perf: dict[str, Any] = {}
-        if self.plan.performance is not None:
-            for c in self.plan.performance.concurrencies:
-                step(f"performance pass, concurrency {c}")
-                summary = passes.performance_pass(url, self.workloads, folder, self.plan.performance, c, model)
-                failures = sum(t["failures"] for t in summary["tasks"].values())
-                perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"]}
-                if self.plan.sweep is not None:
-                    self.console.print(cell_line(v, c, summary, folder.perf(c) / "requests.jsonl"))
-                advance()
-        after = snapshot.take(url)
-        snapshot.write(after, folder.metrics_after)
-        reconciliation = passes.reconcile(snapshot.diff(before, after), folder, v.speculative_config is not None)
-        write_json(folder.reconciliation, reconciliation)
-        perf_ok = all(p["failures"] == 0 and p["locust_exit_code"] == 0 for p in perf.values())
-        status.update(reconciled=reconciliation["ok"], performance=perf, ok=reconciliation["ok"] and perf_ok)
-
-    def _failed(self, folder: VariantFolder, status: dict[str, Any], exc: Exception, started: float) -> dict[str, Any]:
-        status.update(state=FAILED, error=str(exc), seconds=round(time.monotonic() - started, 2))
-        write_json(folder.status, status)
-        return status
 
 
 def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], requests_file: Path) -> str:

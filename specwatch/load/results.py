@@ -35,6 +35,7 @@ class RequestResult:
     error: str | None = None
     # the server's own timing of the request (`--enable-per-request-metrics`: generation_time_ms, mean_itl_ms, ...)
     server: dict[str, Any] | None = None
+    round: int = 1  # the study's round whose block sent it (`specwatch.experiment.blocks`); 1 outside a study
 
     def line(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":")) + "\n"
