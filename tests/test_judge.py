@@ -62,7 +62,7 @@ def test_within_the_tolerance_is_pass_even_when_significant() -> None:
     cand = [v * 1.05 for v in _lognormal(rng, 400, 0.06, 0.05)]  # +5 %: real, inside +-10 %
     cmp = judge.samples(base, cand, "ratio", BAND)
     assert cmp.significant and cmp.state == "pass"
-    assert cmp.detail == "significant, but the interval reaches into the tolerance"
+    assert cmp.within and cmp.detail == "no meaningful change (the interval lies inside the tolerance)"
 
 
 def test_the_band_and_the_states_follow_the_scale() -> None:

@@ -18,6 +18,7 @@ from specwatch.canary import policy as policy_mod
 from specwatch.load.results import RequestResult
 from specwatch.report import plots, quality, render, verdict
 from specwatch.report.results import Output, RunResults, Token, VariantResults
+from specwatch.stats import Shift
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_REQUESTS = yaml.safe_load((REPO / "examples/plans/cpu-study.yaml").read_text())["performance"]["requests"]
@@ -71,7 +72,12 @@ def test_identical_distributions_give_neither_go_nor_no_go(n: int) -> None:
         v = _one(_variant("baseline", n, 0.06, seed), _variant("same", n, 0.06, seed + 100))
         assert v.outcome == "inconclusive" and v.label == "INCONCLUSIVE", v.reason
         tpot = next(m for m in v.metrics if m.metric == "tpot")
-        assert tpot.finding == ("insufficient data" if n < judge.MIN_SAMPLES else "no change"), tpot.text
+        if n < judge.MIN_SAMPLES:
+            assert tpot.finding == "insufficient data", tpot.text
+        else:  # "no change" only when the whole interval lies inside the band; one that reaches out is undecided
+            assert tpot.finding in ("no change", "undecided") and tpot.comparison is not None, tpot.text
+            e = tpot.comparison.effect
+            assert e is not None and (tpot.finding == "no change") == (0.9 <= e.low and e.high <= 1.1), tpot.text
         assert f"n = {n} / {n}" in tpot.text
 
 
@@ -90,7 +96,8 @@ def test_a_planted_gain_is_go_with_its_interval_and_n() -> None:
     match = LINE.search(v.reason)
     assert match and match.groups() == (str(DEMO_REQUESTS), str(DEMO_REQUESTS), "better"), v.reason
     assert re.search(r"output tok/s \+\d+ % \[\+\d+ %, \+\d+ %\], n = \d+ / \d+: better", v.reason)
-    assert "acceptance 0% [0%, 0%], n = 3 requests (acceptance pass, C / D)" in v.reason  # drafts, none accepted
+    # drafts, none accepted; 3 requests are too few for an interval over requests
+    assert "acceptance 0% (no interval: 8 requests needed), n = 3 requests (acceptance pass, C / D)" in v.reason
     assert "outputs identical to the baseline's (3/3)" in v.reason
 
 
@@ -116,7 +123,7 @@ def test_the_exact_rules_still_decide() -> None:
     assert failed.outcome == "no-go" and "did not finish" in failed.reason
     high = _one(base, _variant("draft", n, 0.06, 4, accepted=9))
     assert high.outcome == "inconclusive" and "high acceptance (90%) without an end-to-end gain" in high.reason
-    assert "acceptance 90% [" in high.reason and "n = 3 requests (acceptance pass, C / D)" in high.reason
+    assert "acceptance 90% (no interval" in high.reason and "n = 3 requests (acceptance pass, C / D)" in high.reason
     low_only = _variant("lowonly", n, 0.06, 5)
     low_only.requests[1] = {"code": _requests("code", n, 0.03, random.Random(6))}
     base.requests[1] = {"code": _requests("code", n, 0.06, random.Random(7))}
@@ -283,3 +290,97 @@ def test_the_report_shows_where_each_text_parts(tmp_path: Path) -> None:
     policy = policy_mod.load()
     md = render.markdown(run, "baseline", TARGET, verdict.judge(run, "baseline", TARGET, policy=policy), [], policy)
     assert "| fast | code | 0/1 | 1/1 | row 0, token 2: ' using' vs ' a' (swing 0.125 nats) | - |" in md, md
+
+
+# -- drift: the study in rounds, and the baseline against itself ---------------------------------------------------
+
+ROUNDS = 4
+
+
+def _in_rounds(name: str, per_round: int, tpot: float, seed: int, slow: dict[int, float] | None = None,
+               step_at: float | None = None) -> VariantResults:
+    """A variant measured in ROUNDS rounds of `per_round` requests (each round 60 s after the last); `slow` multiplies
+    the TPOT of some rounds, `step_at` (a fraction of the requests, in time order) all requests after it by 1.5."""
+    v = _variant(name, 0, tpot, seed)
+    rng = random.Random(f"{name}-rounds-{seed}")
+    rows: list[RequestResult] = []
+    for r in range(1, ROUNDS + 1):
+        for row in _requests("code", per_round, tpot * (slow or {}).get(r, 1.0), rng):
+            row.round, row.start, row.end = r, row.start + 60 * r, row.end + 60 * r
+            rows.append(row)
+    if step_at is not None:
+        rows = _stepped(rows, step_at)
+    v.requests = {TARGET: {"code": rows}}
+    return v
+
+
+def _stepped(rows: list[RequestResult], at: float, factor: float = 1.5) -> list[RequestResult]:
+    """The requests after the first `at` of them (in time order) slowed by `factor`: a hog that starts mid-window."""
+    cut = int(len(rows) * at)
+    for row in sorted(rows, key=lambda r: r.start)[cut:]:
+        row.itl_s = [x * factor for x in row.itl_s]
+        row.tpot_s = (row.tpot_s or 0) * factor
+        row.end = row.start + (row.ttft_s or 0) + sum(row.itl_s)
+    return rows
+
+
+def _blocked(*variants: VariantResults) -> verdict.Verdict:
+    run = _run(*variants)
+    run.design, run.rounds = "interleaved", ROUNDS
+    (only,) = verdict.judge(run, "baseline", TARGET)
+    return only
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_50_percent_step_in_the_middle_of_a_sequential_baseline_is_inconclusive_with_the_drift(seed: int) -> None:
+    base = _variant("baseline", DEMO_REQUESTS, 0.06, seed)
+    base.requests[TARGET]["code"] = _stepped(base.requests[TARGET]["code"], 0.5)
+    for cand in (_variant("fast", DEMO_REQUESTS, 0.03, seed), _variant("slow", DEMO_REQUESTS, 0.12, seed),
+                 _variant("same", DEMO_REQUESTS, 0.06, seed + 50)):
+        v = _one(base, cand)
+        assert v.outcome == "inconclusive", v.reason
+        assert re.match(r"the machine drifted: baseline TPOT \+\d+ % between the first half of its block and the "
+                        r"second half of its block; a sequential design cannot cancel it", v.reason), v.reason
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_50_percent_step_on_the_baseline_alone_in_rounds_is_inconclusive_with_the_drift(seed: int) -> None:
+    """Interleaved, but the slowdown hit only the baseline's blocks of rounds 3 and 4: the rounds disagree."""
+    base = _in_rounds("baseline", 10, 0.06, seed, slow={3: 1.5, 4: 1.5})  # the demo's 5 per task, its 2 tasks pooled
+    v = _blocked(base, _in_rounds("fast", 10, 0.045, seed))
+    assert v.outcome == "inconclusive", v.reason
+    assert v.reason.startswith("the machine drifted: baseline TPOT +"), v.reason
+    assert re.search(r"between round \d and round \d", v.reason), v.reason
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_50_percent_on_every_variant_of_one_round_leaves_every_verdict_as_it_was(seed: int) -> None:
+    cases = {"fast": 0.03, "slow": 0.12, "same": 0.06}
+    for name, tpot in cases.items():
+        quiet = _blocked(_in_rounds("baseline", 5, 0.06, seed), _in_rounds(name, 5, tpot, seed))
+        noisy = _blocked(_in_rounds("baseline", 5, 0.06, seed, slow={2: 1.5}),
+                         _in_rounds(name, 5, tpot, seed, slow={2: 1.5}))
+        assert noisy.outcome == quiet.outcome, (quiet.reason, noisy.reason)
+        assert quiet.outcome == {"fast": "go", "slow": "no-go", "same": "inconclusive"}[name], quiet.reason
+        # the line names the drift it measured, and says the blocking cancelled it where it was beyond the tolerance
+        assert re.search(r"drift: baseline TPOT [+-]\d+ % between round \d and round \d", noisy.reason), noisy.reason
+        tpot_line = next(m for m in noisy.metrics if m.metric == "tpot")
+        assert f"over {ROUNDS} rounds, n = 20 / 20" in tpot_line.text, tpot_line.text
+        if "alike, beyond the tolerance" in noisy.reason:
+            assert "the blocking cancels it" in noisy.reason
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_identical_variants_in_rounds_give_neither_go_nor_no_go(seed: int) -> None:
+    for slow in (None, {1: 1.5}, {4: 2.0}):
+        v = _blocked(_in_rounds("baseline", 5, 0.06, seed, slow=slow), _in_rounds("same", 5, 0.06, seed + 9, slow=slow))
+        assert v.outcome == "inconclusive", v.reason
+
+
+def test_an_interval_that_straddles_the_tolerance_is_undecided_not_no_change() -> None:
+    """output tok/s +16 % [+5 %, +23 %] is not "no change (within -10% .. +10%)"."""
+    mp = policy_mod.load().metric("output_tps")
+    straddling = judge.Comparison("pass", "ratio", 24, 24, Shift(1.16, 1.05, 1.23, 0.95), 0.01, 1.0, 1.16, True)
+    inside = judge.Comparison("pass", "ratio", 24, 24, Shift(1.01, 0.95, 1.06, 0.95), 0.6, 1.0, 1.01, False, True)
+    assert verdict._finding(straddling, mp) == "undecided"
+    assert verdict._finding(inside, mp) == "no change"

@@ -49,6 +49,18 @@ class Output:
     tokens: tuple[Token, ...] = ()  # empty when the response had no logprobs (asked for since the quality check)
 
 
+def request_value(r: RequestResult, metric: str, server_clock: bool = False) -> float | None:
+    """One request's TPOT (the client's, or the server's mean inter-token latency), ITL p95 or output tokens/s."""
+    if metric == "tpot":
+        itl = (r.server or {}).get("mean_itl_ms")
+        return itl / 1000 if server_clock and isinstance(itl, int | float) else r.tpot_s
+    if metric == "itl_p95":
+        return percentile(r.itl_s, 95)
+    if metric == "output_tps":
+        return r.completion_tokens / (r.end - r.start) if r.end > r.start else None
+    raise KeyError(f"{metric}: expected one of {', '.join(PERF_METRICS)}")
+
+
 @dataclass
 class VariantResults:
     name: str
@@ -66,20 +78,29 @@ class VariantResults:
     spec_requests: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # task -> (C, D), acceptance pass
     server: snapshot.Figures | None = None       # snapshot difference over all passes
     reconciled: bool | None = None
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # the performance blocks: concurrency, round, times
 
-
-    def samples(self, concurrency: int, task: str, metric: str) -> list[float]:
-        """One value per ok measured request of the performance pass (only positive values: they go on logs)."""
+    def server_clock(self, concurrency: int, task: str) -> bool:
+        """Whether every ok measured request has the server's own TPOT (`--enable-per-request-metrics`)."""
         rows = [r for r in self.requests.get(concurrency, {}).get(task, []) if r.ok]
-        if metric == "tpot":
-            values = [r.tpot_s for r in rows]
-        elif metric == "itl_p95":
-            values = [percentile(r.itl_s, 95) for r in rows]
-        elif metric == "output_tps":
-            values = [r.completion_tokens / (r.end - r.start) if r.end > r.start else None for r in rows]
-        else:
-            raise KeyError(f"{metric}: expected one of {', '.join(PERF_METRICS)}")
-        return [v for v in values if v is not None and v > 0]
+        return bool(rows) and all(isinstance((r.server or {}).get("mean_itl_ms"), int | float) for r in rows)
+
+    def samples(self, concurrency: int, task: str, metric: str, server_clock: bool = False) -> list[float]:
+        """One value per ok measured request of the performance pass (only positive values: they go on logs)."""
+        return [x for values in self.samples_by_round(concurrency, task, metric, server_clock).values() for x in values]
+
+    def samples_by_round(self, concurrency: int, task: str, metric: str, server_clock: bool = False
+                         ) -> dict[int, list[float]]:
+        """`samples` per round of the study (one round: a sequential design, or a run before rounds).
+
+        `server_clock`: TPOT as the server timed it (its mean inter-token latency), not as a busy client read it."""
+        out: dict[int, list[float]] = {}
+        for r in self.requests.get(concurrency, {}).get(task, []):
+            if r.ok:
+                value = request_value(r, metric, server_clock)
+                if value is not None and value > 0:
+                    out.setdefault(r.round, []).append(value)
+        return dict(sorted(out.items()))
 
 
 @dataclass
@@ -90,6 +111,8 @@ class RunResults:
     variants: list[VariantResults]
     prompts: dict[str, list[str]]                # task -> prompts in row order (for the quality checks)
     timeline: dict[str, Any] | None = None       # timeline.json: key dashboard queries over each variant's window
+    design: str = "sequential"                   # run.json: how the variants were measured (interleaved rounds or not)
+    rounds: int = 1
 
     def variant(self, name: str) -> VariantResults | None:
         return next((v for v in self.variants if v.name == name), None)
@@ -208,6 +231,8 @@ def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
     before, after = folder / "metrics-before.prom", folder / "metrics-after.prom"
     if before.exists() and after.exists():
         result.server = snapshot.diff(snapshot.read(before), snapshot.read(after)).server
+    blocks = status.get("blocks")
+    result.blocks = [b for b in blocks if isinstance(b, dict)] if isinstance(blocks, list) else []
     recon = folder / "reconciliation.json"
     if recon.exists():
         doc = _json(recon)
@@ -235,4 +260,7 @@ def load(folder: Path) -> RunResults:
     if timeline is not None and not (isinstance(timeline, dict) and isinstance(timeline.get("queries"), list)
                                      and isinstance(timeline.get("variants"), dict)):
         raise ResultsError(f"{folder / 'timeline.json'}: expected an object with `queries` and `variants`")
-    return RunResults(folder, str(run.get("run_id", folder.name)), plan, variants, _prompts(folder), timeline)
+    design = str(run.get("design") or "sequential")
+    rounds = int(run.get("rounds") or 1)
+    return RunResults(folder, str(run.get("run_id", folder.name)), plan, variants, _prompts(folder), timeline,
+                      design, rounds)

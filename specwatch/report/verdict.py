@@ -27,6 +27,7 @@ acceptance (exact C / D >= 60 %) without an end-to-end gain.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -34,9 +35,10 @@ from typing import Literal
 from specwatch import judge as judge_mod
 from specwatch.canary import policy as policy_mod
 from specwatch.judge import Band, Comparison
+from specwatch.report.drift import Drift, drift
 from specwatch.report.quality import NEAR_TIE_NATS, identity
 from specwatch.report.results import PERF_METRICS, RunResults, VariantResults
-from specwatch.stats import ratio_of_sums
+from specwatch.stats import Shift, ratio_of_sums
 
 HIGH_ACCEPTANCE = 0.6
 DEFAULT_CAPACITY_LOSS = 0.25
@@ -44,7 +46,8 @@ DEFAULT_CAPACITY_LOSS = 0.25
 Outcome = Literal["go", "no-go", "inconclusive"]
 LABELS: dict[Outcome, str] = {"go": "GO", "no-go": "NO-GO", "inconclusive": "INCONCLUSIVE"}
 TITLES = {"tpot": "TPOT", "itl_p95": "ITL p95", "output_tps": "output tok/s", "acceptance_rate": "acceptance"}
-Finding = Literal["better", "worse", "no change", "insufficient data"]
+Finding = Literal["better", "worse", "no change", "undecided", "insufficient data"]
+MIN_ACCEPTANCE_REQUESTS = 8  # the acceptance rate's interval is over requests: fewer give a figure, no interval
 # The article's rule decides on TPOT and output tokens/s. The ITL tail is judged and shown, and a worse
 # one is a caution, not a NO-GO: a chunk's gap is a whole step, and a verify step is longer than a plain
 # one by construction, so every speculative config streams in longer bursts even where it wins.
@@ -83,15 +86,23 @@ def _pct(ratio: float) -> str:
     return f"{(ratio - 1) * 100:+.0f} %"
 
 
+def _interval(cmp: Comparison, e: Shift) -> str:
+    if cmp.scale == "ratio":
+        return f"[{_pct(e.low)}, {_pct(e.high)}]"
+    return f"[{e.low:+.3f}, {e.high:+.3f}]"
+
+
 def line_text(title: str, cmp: Comparison, finding: Finding, rules: judge_mod.Rules) -> str:
-    """"TPOT -19 % [-31 %, -6 %], n = 24 / 24: better" (ratio metrics; differences in points)."""
+    """"TPOT -19 % [-31 %, -6 %], n = 24 / 24: better" (ratio metrics; differences in points); a blocked
+    comparison adds its interval over rounds: "TPOT -19 % [-31 %, -6 %] over requests, [-35 %, -2 %] over 4
+    rounds, n = 24 / 24: better"."""
     n = f"n = {cmp.n_baseline} / {cmp.n_candidate}"
     if cmp.effect is not None:
         e = cmp.effect
-        if cmp.scale == "ratio":
-            effect = f"{_pct(e.estimate)} [{_pct(e.low)}, {_pct(e.high)}]"
-        else:
-            effect = f"{e.estimate:+.3f} [{e.low:+.3f}, {e.high:+.3f}]"
+        estimate = _pct(e.estimate) if cmp.scale == "ratio" else f"{e.estimate:+.3f}"
+        effect = f"{estimate} {_interval(cmp, e)}"
+        if cmp.over_rounds is not None:
+            effect += f" over requests, {_interval(cmp, cmp.over_rounds)} over {cmp.rounds} rounds"
         return f"{title} {effect}, {n}: {finding}"
     need = f"the judge needs {rules.min_samples} per side"
     if cmp.baseline and cmp.candidate is not None:
@@ -100,26 +111,44 @@ def line_text(title: str, cmp: Comparison, finding: Finding, rules: judge_mod.Ru
 
 
 def _finding(cmp: Comparison, mp: policy_mod.MetricPolicy) -> Finding:
+    """better / worse beyond the band; "no change" only when every interval lies inside it; else undecided."""
     if cmp.state == "insufficient":
         return "insufficient data"
     if mp.fails(cmp.state):
         return "worse"
-    return "no change" if cmp.state == "pass" else "better"
+    if cmp.state != "pass":
+        return "better"
+    return "no change" if cmp.within else "undecided"
+
+
+def band(mp: policy_mod.MetricPolicy) -> Band:
+    return Band.around("ratio", mp.allowed_decrease, mp.allowed_increase)
+
+
+def server_clock(v: VariantResults, base: VariantResults, concurrency: int, task: str) -> bool:
+    """TPOT from the servers' own clocks where both sides timed every request (a sweep's servers do): a busy
+    client's reading of 64 streams on 2 cores is bunched."""
+    return v.server_clock(concurrency, task) and base.server_clock(concurrency, task)
 
 
 def perf_lines(v: VariantResults, base: VariantResults, concurrency: int, task: str,
                policy: policy_mod.Policy) -> list[MetricLine]:
-    """TPOT, ITL p95 and output tok/s of one task at one concurrency, candidate `v` against `base`."""
+    """TPOT, ITL p95 and output tok/s of one task at one concurrency, candidate `v` against `base`, compared
+    within rounds where the study ran in rounds (`specwatch.judge.blocked`)."""
     out = []
+    clock = server_clock(v, base, concurrency, task)
     for name in PERF_METRICS:
         mp = _metric_policy(policy, name)
-        band = Band.around("ratio", mp.allowed_decrease, mp.allowed_increase)
-        cmp = judge_mod.samples(base.samples(concurrency, task, name), v.samples(concurrency, task, name), "ratio",
-                                band, policy.rules)
+        cmp = judge_mod.blocked(base.samples_by_round(concurrency, task, name, clock),
+                                v.samples_by_round(concurrency, task, name, clock), "ratio", band(mp), policy.rules)
         finding = _finding(cmp, mp)
-        text = line_text(TITLES[name], cmp, finding, policy.rules)
+        title = f"{TITLES[name]} (server clock)" if clock and name == "tpot" else TITLES[name]
+        text = line_text(title, cmp, finding, policy.rules)
+        tolerance = f"-{mp.allowed_decrease:.0%} .. +{mp.allowed_increase:.0%}"
         if finding == "no change":
-            text += f" (within -{mp.allowed_decrease:.0%} .. +{mp.allowed_increase:.0%})"
+            text += f" (within {tolerance})"
+        elif finding == "undecided":
+            text += f" (the interval reaches beyond {tolerance})"
         out.append(MetricLine(name, concurrency, finding, cmp, text))
     return out
 
@@ -130,11 +159,13 @@ def _metric_policy(policy: policy_mod.Policy, name: str) -> policy_mod.MetricPol
 
 
 def _acceptance(v: VariantResults, task: str) -> MetricLine | None:
+    """The acceptance pass's C / D with its interval over requests (Student's t), from 8 requests on."""
     pairs = v.spec_requests.get(task, [])
     if not pairs or not sum(d for _, d in pairs):
         return None
     e = ratio_of_sums([c for c, _ in pairs], [d for _, d in pairs])
-    interval = f" [{max(e.low, 0):.0%}, {min(e.high, 1):.0%}]" if e.confidence else " (one request, no interval)"
+    interval = (f" [{max(e.low, 0):.0%}, {min(e.high, 1):.0%}]" if len(pairs) >= MIN_ACCEPTANCE_REQUESTS else
+                f" (no interval: {MIN_ACCEPTANCE_REQUESTS} requests needed)")
     return MetricLine("acceptance_rate", None, None, None,
                       f"acceptance {e.estimate:.0%}{interval}, n = {len(pairs)} requests (acceptance pass, C / D)")
 
@@ -148,7 +179,7 @@ def judge(run: RunResults, baseline_name: str, target_concurrency: int,
         tasks = sorted(set(v.acceptance) | {t for per in v.perf.values() for t in per}
                        | {t for per in v.requests.values() for t in per}) or ["all"]
         for task in tasks:
-            out.append(_judge_one(v, baseline, task, target_concurrency, capacity_loss_bound, policy))
+            out.append(_judge_one(v, baseline, task, target_concurrency, capacity_loss_bound, policy, run.design))
     return out
 
 
@@ -157,8 +188,63 @@ def _gain(lines: Sequence[MetricLine]) -> bool:
     return found.get("tpot") == "better" and found.get("output_tps") == "better"
 
 
+def drifts(v: VariantResults, baseline: VariantResults, task: str, target: int, policy: policy_mod.Policy
+           ) -> tuple[Drift | None, Drift | None]:
+    """The baseline's TPOT drift against itself over the study (the A/A test, every task pooled), and the
+    candidate's over the same two rounds where there are rounds (its own largest move otherwise)."""
+    tpot = band(_metric_policy(policy, "tpot"))
+    clock = server_clock(v, baseline, target, task)
+    base = drift(baseline, target, "tpot", tpot, clock)
+    pair = (base.first, base.second) if base is not None and base.first.startswith("round") else None
+    cand = drift(v, target, "tpot", tpot, clock, pair)
+    return base, cand
+
+
+def _drift_reason(design: str, base: Drift | None, cand: Drift | None, decided: bool, tolerance: float
+                  ) -> tuple[str, bool]:
+    """What the verdict's line says about drift, and whether the drift voids a decision on performance.
+
+    Sequential: a baseline that moved beyond the tolerance within its window voids it (nothing can cancel it).
+    Interleaved: a baseline that moved beyond the tolerance between two rounds while the candidate, between the
+    same rounds, did not move with it (`_unlike`) voids it: the blocks of those rounds saw different conditions.
+    A drift that hit both sides alike is cancelled by the blocking and named. An undecided comparison with drift
+    on either side says so first."""
+    title = TITLES["tpot"]
+    if design != "interleaved":
+        if base is None:
+            return ("drift not measured (too few baseline requests); a sequential design neither sees nor cancels "
+                    "drift between the variants' windows"), False
+        if base.beyond:
+            return f"the machine drifted: {base.text(title)}; a sequential design cannot cancel it", True
+        return (f"drift: {base.text(title)}, within the tolerance; a sequential design neither sees nor cancels "
+                "drift between the variants' windows"), False
+    if base is None:
+        return "drift not measured (too few baseline requests per round)", False
+    if base.beyond:
+        if cand is None or _unlike(base.ratio, cand.ratio, tolerance):
+            alongside = f", {cand.variant} {_signed(cand.ratio.estimate)} between the same rounds" if cand else ""
+            return (f"the machine drifted: {base.text(title)}{alongside}: the blocks of those rounds saw different "
+                    "conditions"), True
+        return (f"drift: {base.text(title)} and {cand.variant} {_signed(cand.ratio.estimate)} alike, beyond the "
+                "tolerance; compared within rounds, the blocking cancels it"), False
+    if not decided and cand is not None and cand.beyond:
+        return f"the machine drifted: {cand.text(title)}; the rounds disagree, so no decision", False
+    return f"drift: {base.text(title)} over {base.parts} rounds, within the tolerance", False
+
+
+def _signed(ratio: float) -> str:
+    return _pct(ratio)
+
+
+def _unlike(base: Shift, cand: Shift, tolerance: float) -> bool:
+    """Two moves between the same rounds that differ with evidence: their intervals do not overlap, and their
+    estimates lie further apart than the tolerance."""
+    apart = abs(math.log(cand.estimate / base.estimate)) > math.log(1 + tolerance)
+    return apart and (base.low > cand.high or cand.low > base.high)
+
+
 def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, target: int, bound: float,
-               policy: policy_mod.Policy) -> Verdict:
+               policy: policy_mod.Policy, design: str = "sequential") -> Verdict:
     if v.state != "done":
         return Verdict(v.name, task, "no-go", f"the run did not finish ({v.state}: {v.error or 'no status'})")
     if baseline is None or baseline.state != "done":
@@ -168,13 +254,23 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
     perf = perf_lines(v, baseline, target, task, policy)
     reasons.append(f"at concurrency {target}: " + "; ".join(m.text for m in perf))
     worse = [TITLES[m.metric] for m in perf if m.finding == "worse" and m.metric in DECIDING]
+    decided = bool(worse) or _gain(perf)
+    drift_text, void = _drift_reason(design, *drifts(v, baseline, task, target, policy), decided,
+                                     _metric_policy(policy, "tpot").allowed_increase)
+    if void:
+        worse = []
+        reasons.insert(0, drift_text)
+    elif drift_text.startswith("the machine drifted"):
+        reasons.insert(0, drift_text)
+    else:
+        reasons.append(drift_text)
     if worse:
         no_go = True
         reasons.append(f"{' and '.join(worse)} worse than the baseline beyond the tolerance")
     if any(m.finding == "worse" for m in perf if m.metric not in DECIDING):
         reasons.append("caution: ITL p95 worse beyond the tolerance (tokens arrive in bursts: a verify step "
                        "takes longer than a plain one)")
-    gain = _gain(perf)
+    gain = _gain(perf) and not void
     judged = all(m.finding != "insufficient data" for m in perf if m.metric in ("tpot", "output_tps"))
     lines = list(perf)
     accept = _acceptance(v, task)
