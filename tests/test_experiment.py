@@ -351,7 +351,9 @@ def test_a_plan_above_16_streams_gets_a_batch_that_holds_them_unless_it_sets_its
     def last_max_num_seqs(text: str, variant: str = "baseline") -> str:
         plan = parse_plan(text, tmp_path, Home(tmp_path / "home"))
         argv = variant_args(plan, plan.variant(variant))
-        return argv[len(argv) - 1 - argv[::-1].index("--max-num-seqs") + 1]  # the last one wins
+        flags = [a for a in argv if a.split("=")[0] == "--max-num-seqs"]
+        assert len(flags) == 1, argv  # one batch size, not serve_argv's 16 overridden by a later flag
+        return argv[len(argv) - 1 - argv[::-1].index("--max-num-seqs") + 1]
 
     base = "model: m\ntasks: {code: article}\nperformance: {concurrencies: [1, 32]}\n"
     assert last_max_num_seqs(base + "variants:\n  baseline: {}\n") == "32"

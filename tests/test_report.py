@@ -65,7 +65,8 @@ def test_the_report_shows_the_saved_figures_and_is_self_contained(study: Path, c
     assert "| baseline | done | sim |" in md and "| ngram | done | sim | ngram |" in md
     page = (study / "report" / "report.html").read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(images) == 7 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    assert "**Design: interleaved, 3 rounds.**" in md and "![drift](drift.png)" in md  # 3 requests: 3 rounds
+    assert len(images) == 8 and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
     assert "src=\"http" not in page and "<table>" in page
     assert "No Prometheus ran beside this study" in md  # run with --no-prometheus: said, not hidden
 

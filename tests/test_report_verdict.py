@@ -139,7 +139,7 @@ def test_the_report_says_the_verdict_with_its_lines(tmp_path: Path) -> None:
     md = render.markdown(run, "baseline", TARGET, verdicts, [], policy)
     assert re.search(r"\| fast \| code \| \*\*GO\*\*: at concurrency 2: TPOT -\d+ % \[-\d+ %, -\d+ %\], "
                      rf"n = {n} / {n}: better", md), md
-    judged = (rf"\| fast \| baseline \| code \| 2 \| TPOT \| 0\.\d+x \[0\.\d+, 0\.\d+\] \| {n} / {n} \| "
+    judged = (rf"\| fast \| baseline \| code \| 2 \| TPOT \| 0\.\d+x \[0\.\d+, 0\.\d+\] \| - \| {n} / {n} \| "
               r"[\d.e-]+ \| better \|")
     assert re.search(judged, md), md
 
@@ -384,3 +384,18 @@ def test_an_interval_that_straddles_the_tolerance_is_undecided_not_no_change() -
     inside = judge.Comparison("pass", "ratio", 24, 24, Shift(1.01, 0.95, 1.06, 0.95), 0.6, 1.0, 1.01, False, True)
     assert verdict._finding(straddling, mp) == "undecided"
     assert verdict._finding(inside, mp) == "no change"
+
+
+def test_tpot_comes_from_the_servers_clock_where_both_sides_timed_every_request() -> None:
+    """A sweep's servers time each request (`--enable-per-request-metrics`); at 64 streams on 2 cores the client reads
+    its streams late and in bunches, so its TPOT is not the server's. Planted: the client sees no difference, the
+    servers' own clocks a 40 % gain."""
+    base, fast = _variant("baseline", DEMO_REQUESTS, 0.06, 11), _variant("fast", DEMO_REQUESTS, 0.06, 12)
+    for v, itl_ms in ((base, 50.0), (fast, 30.0)):
+        for i, r in enumerate(v.requests[TARGET]["code"]):
+            r.server = {"mean_itl_ms": itl_ms * (1 + 0.01 * (i % 5))}
+    tpot = next(m for m in _one(base, fast).metrics if m.metric == "tpot")
+    assert tpot.text.startswith("TPOT (server clock) -40 %") and tpot.finding == "better", tpot.text
+    fast.requests[TARGET]["code"][0].server = None  # one request the server did not time: both sides on the client's
+    tpot = next(m for m in _one(base, fast).metrics if m.metric == "tpot")
+    assert tpot.text.startswith("TPOT ") and "server clock" not in tpot.text and tpot.finding != "better", tpot.text

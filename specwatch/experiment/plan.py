@@ -20,7 +20,7 @@ from specwatch.backends import KINDS, BackendSpec, Kind
 from specwatch.backends.docker import DockerSettings
 from specwatch.backends.process import DEFAULT_COMMAND
 from specwatch.config import Home
-from specwatch.vllm_cpu.server import SERVED_MODEL_NAME
+from specwatch.vllm_cpu.server import DEFAULT_MAX_NUM_SEQS, SERVED_MODEL_NAME
 from specwatch.workloads import TASKS
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -120,20 +120,13 @@ DYNAMIC = "dynamic"  # the variant that measures the recommended per-batch-size 
 SWEEP_ARGS = ("--enable-per-request-metrics",)
 
 
-def sweep_args(server_args: tuple[str, ...], concurrencies: tuple[int, ...]) -> tuple[str, ...]:
-    """The sweep's own serve flags: per-request timing, and room for the largest concurrency in one batch."""
-    return (*SWEEP_ARGS, *batch_room(server_args, concurrencies))
-
-
-def batch_room(args: Sequence[str], concurrencies: Sequence[int]) -> tuple[str, ...]:
-    """`--max-num-seqs` for the largest concurrency, where serve_argv's common flags would cap the batch below it.
-
-    serve_argv caps the batch at 16 sequences (`--max-num-seqs 16`); a cell above it would measure queueing,
-    not a larger batch. Flags that set their own `--max-num-seqs` (the plan's or the variant's) win."""
+def batch_size(args: Sequence[str], concurrencies: Sequence[int]) -> int | None:
+    """The `--max-num-seqs` a variant's server gets: room for the plan's largest concurrency in one batch (a cell
+    above the batch would measure queueing), at least serve_argv's 16; None where the plan's or the variant's
+    own flags set it (theirs win)."""
     if any(a == "--max-num-seqs" or a.startswith("--max-num-seqs=") for a in args):
-        return ()
-    largest = max(concurrencies, default=0)
-    return ("--max-num-seqs", str(largest)) if largest > 16 else ()
+        return None
+    return max(DEFAULT_MAX_NUM_SEQS, *concurrencies)
 
 
 @dataclass(frozen=True)
@@ -409,7 +402,7 @@ def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass |
                   None if tpot is None else float(tpot))
     variants = tuple(
         Variant(sweep_variant_name(k), model, None if k == 0 else {**method, "num_speculative_tokens": k}, backend,
-                sweep_args(server.args, perf.concurrencies), None if k == 0 else sweep_variant_name(0))
+                SWEEP_ARGS, None if k == 0 else sweep_variant_name(0))
         for k in sweep.ks)
     return sweep, variants
 

@@ -44,7 +44,7 @@ from specwatch.experiment.layout import (
     write_json,
     write_text,
 )
-from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, batch_room, sweep_variant_name
+from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, batch_size, sweep_variant_name
 from specwatch.experiment.timeline import PrometheusError, Timeline, Window
 from specwatch.net import free_port
 from specwatch.stats import median
@@ -87,13 +87,14 @@ BACKEND_OPTIONS = ("--host", "--port")  # the backend adds its own (backends/bas
 def variant_args(plan: StudyPlan, v: Variant) -> list[str]:
     """`vllm serve` arguments after the word `serve`, without serve_argv's --host / --port (the backend adds them).
 
-    The plan's own `server.args` and the variant's `args` follow unchanged, then room in the batch for the
-    performance pass's largest concurrency where neither sets `--max-num-seqs` (`plan.batch_room`).
+    The plan's own `server.args` and the variant's `args` follow unchanged; the batch holds the performance pass's
+    largest concurrency where neither sets `--max-num-seqs` (`plan.batch_size`).
     """
-    own = _without_options(serve_argv(v.model, speculative_config=v.speculative_config, dtype=plan.server.dtype),
-                           BACKEND_OPTIONS)
     concurrencies = plan.performance.concurrencies if plan.performance else ()
-    argv = [*own, *plan.server.args, *v.args, *batch_room((*plan.server.args, *v.args), concurrencies)]
+    own = _without_options(serve_argv(v.model, speculative_config=v.speculative_config, dtype=plan.server.dtype,
+                                      max_num_seqs=batch_size((*plan.server.args, *v.args), concurrencies)),
+                           BACKEND_OPTIONS)
+    argv = [*own, *plan.server.args, *v.args]
     if not plan.server.enforce_eager:
         argv = [arg for arg in argv if arg != "--enforce-eager"]
     argv[argv.index("--served-model-name") + 1] = plan.served_model_name

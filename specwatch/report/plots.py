@@ -224,6 +224,42 @@ def kv_capacity(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
     return _save(fig, out / "kv_capacity.png")
 
 
+def drift_over_study(run: RunResults, baseline: str, out: Path, colour: dict[str, str]) -> Path | None:
+    """Each variant's TPOT block by block over the study (its tasks pooled, each request over its task's median),
+    the baseline thick: what the machine did under the study. A flat baseline is a quiet machine; the blocking
+    cancels a move that every variant of a round shares."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    t0 = min((b["start"] for v in run.variants for b in v.blocks), default=None)
+    drawn = False
+    for v in run.variants:
+        for c in sorted(v.requests):
+            pooled: dict[int, list[float]] = {}
+            for rows in v.requests[c].values():
+                values = [(r.round, r.tpot_s) for r in rows if r.ok and r.tpot_s]
+                if not values:
+                    continue
+                mid = sorted(x for _, x in values)[len(values) // 2]
+                for r, x in values:
+                    pooled.setdefault(r, []).append(x / mid)
+            times = {b["round"]: (b["start"] + b["end"]) / 2 for b in v.blocks if b.get("concurrency") == c}
+            if t0 is None or not pooled or not all(r in times for r in pooled):
+                continue
+            xs = [(times[r] - t0) / 60 for r in sorted(pooled)]
+            ys = [sorted(pooled[r])[len(pooled[r]) // 2] for r in sorted(pooled)]
+            ax.plot(xs, ys, marker="o", color=colour[v.name], linewidth=3 if v.name == baseline else 1.2,
+                    label=f"{v.name} (c = {c})", gid=v.name)
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel(f"minutes since the first block ({run.design}, {run.rounds} round{'s' if run.rounds != 1 else ''})")
+    ax.set_ylabel("block median TPOT / variant's median")
+    ax.set_title("Drift: each variant against itself over the study (the baseline thick)")
+    ax.legend(fontsize=7)
+    return _save(fig, out / "drift.png")
+
+
 LINESTYLES = ("-", "--", ":", "-.")
 DASHBOARD_QUERIES_PNG = "dashboard_queries.png"
 
@@ -270,5 +306,5 @@ def all_plots(run: RunResults, baseline: str, out: Path, policy: policy_mod.Poli
     c = colours(run, baseline)
     made = [acceptance_bars(run, out, c), position_decay(run, out, c), length_histograms(run, out, c),
             coverage(run, out, c), performance_spread(run, out, c), relative_performance(run, baseline, out, c, policy),
-            kv_capacity(run, out, c), dashboard_queries(run, out, c)]
+            kv_capacity(run, out, c), drift_over_study(run, baseline, out, c), dashboard_queries(run, out, c)]
     return [p for p in made if p is not None]

@@ -26,8 +26,12 @@ def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
              f"{rules.confidence:.0%} interval, judged only with at least {rules.min_samples} requests per side "
              f"(alpha {rules.alpha:g}); a change counts when it is significant and its whole interval lies beyond "
              "the tolerance (the canary policy's).", "",
-             "| variant | baseline | task | concurrency | metric | effect [CI] | n (b / c) | p | finding |",
-             "|---|---|---|--:|---|---|---|--:|---|"]
+             "In rounds (an interleaved design) the effect is estimated within rounds: each round's requests aligned "
+             "on the round's centre before the test, and the rounds' own effects give the second interval, over rounds "
+             "(Student's t); a change then needs both intervals beyond the tolerance.", "",
+             "| variant | baseline | task | concurrency | metric | effect [CI over requests] | CI over rounds | "
+             "n (b / c) | p | finding |",
+             "|---|---|---|--:|---|---|---|---|--:|---|"]
     for v, base in run.candidates(baseline):
         if base is None or v.state != "done":
             continue
@@ -38,10 +42,25 @@ def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
                     assert cmp is not None
                     e = cmp.effect
                     effect = "-" if e is None else f"{e.estimate:.3f}x [{e.low:.3f}, {e.high:.3f}]"
+                    o = cmp.over_rounds
+                    rounds = "-" if o is None else f"[{o.low:.3f}, {o.high:.3f}] ({cmp.rounds} rounds)"
                     p = "-" if cmp.p_value is None else f"{cmp.p_value:.2g}"
                     lines.append(f"| {v.name} | {base.name} | {task} | {c} | {TITLES[m.metric]} | {effect} | "
-                                 f"{cmp.n_baseline} / {cmp.n_candidate} | {p} | {m.finding} |")
+                                 f"{rounds} | {cmp.n_baseline} / {cmp.n_candidate} | {p} | {m.finding} |")
     return lines
+
+
+def _design(run: RunResults) -> list[str]:
+    """Which design ran, with how many rounds, and what that lets the verdict cancel."""
+    if run.design == "interleaved":
+        return [f"**Design: interleaved, {run.rounds} rounds.** Every variant's server was up at once; the performance "
+                "pass ran in rounds of one block of requests per variant, the order rotated from round to round, so "
+                "whatever slowed the machine in a round slowed every variant of it. Effects are estimated within "
+                "rounds; the baseline against itself across rounds is the drift on each line (plot: `drift.png`)."]
+    return ["**Design: sequential.** Each variant ran alone, one after another: a slowdown of the machine during one "
+            "variant's window is neither cancelled nor seen by the comparison. The drift on each line is the "
+            "baseline's first half against its second half; a drift beyond the tolerance leaves the verdicts "
+            "that rest on it INCONCLUSIVE."]
 
 
 def _own_baselines(run: RunResults, baseline: str) -> str:
@@ -57,6 +76,7 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
              "Acceptance comes from the acceptance pass's "
              "per-request fields (summed first, then divided); performance from Locust at fixed concurrency with "
              "`ignore_eos`; the server figures from exact `/metrics` snapshot differences.", "",
+             *_design(run), "",
              "## Variants and backends", "", "| variant | state | backend | method | num_gpu_blocks | reconciled |",
              "|---|---|---|---|--:|---|"]
     for v in run.variants:
@@ -67,8 +87,10 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
               "GO: TPOT and output tok/s both better than the baseline beyond the tolerance, with evidence; NO-GO: "
               "TPOT or output tok/s worse beyond the tolerance, outputs that differ, or KV capacity lost above the "
               "bound (a worse ITL p95 is a caution: speculation streams in bursts of a verify step); "
-              f"INCONCLUSIVE otherwise (fewer than {policy.min_samples} requests per side, or no change beyond the "
-              "tolerance). Each metric: effect [interval], n = baseline / candidate requests.", "",
+              f"INCONCLUSIVE otherwise (fewer than {policy.min_samples} requests per side, no change beyond the "
+              "tolerance, an interval that reaches beyond it, or a machine that drifted in a way the design cannot "
+              "cancel). Each metric: effect [interval], n = baseline / candidate requests; each line names the "
+              "baseline's drift against itself over the study.", "",
               "| variant | task | verdict |", "|---|---|---|"]
     lines += [f"| {v.variant} | {v.task} | **{v.label}**: {v.reason} |" for v in verdicts]
     lines += ["", "## Acceptance (acceptance pass)", "",

@@ -25,15 +25,16 @@ SERVED_MODEL_NAME = "spec-demo"
 
 # The article's common flags (PLAYBOOK §1) that apply on CPU; GPU-only sizing flags
 # (--gpu-memory-utilization, --tensor-parallel-size) are left to the GPU backends.
+# `--max-num-seqs` follows `--max-model-len` (serve_argv's `max_num_seqs`: 16 unless the caller needs another batch).
 COMMON_FLAGS: tuple[str, ...] = (
     "--served-model-name", SERVED_MODEL_NAME,
     "--max-model-len", "4096",
-    "--max-num-seqs", "16",
     "--max-num-batched-tokens", "4096",
     "--no-enable-prefix-caching",
     "--generation-config", "vllm",
     "--seed", "42",
 )
+DEFAULT_MAX_NUM_SEQS = 16
 # CPU-only: no graph capture halves start-up (about 30 s instead of 60 s here).
 CPU_FLAGS: tuple[str, ...] = ("--enforce-eager",)
 
@@ -74,14 +75,19 @@ def serve_argv(
     speculative_config: Mapping[str, object] | None = None,
     per_request_metrics: str = "summary",
     dtype: str | None = None,
+    max_num_seqs: int | None = DEFAULT_MAX_NUM_SEQS,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """`vllm serve` arguments (after the word `serve`) for one variant of the study.
 
-    `dtype` None picks what this CPU computes fastest (`host_cpu_dtype`).
+    `dtype` None picks what this CPU computes fastest (`host_cpu_dtype`); `max_num_seqs` None leaves the batch
+    size to `extra` (or to vLLM's default).
     """
-    argv = [str(model), "--host", host, "--port", str(port), *COMMON_FLAGS,
-            "--dtype", dtype or host_cpu_dtype(), *CPU_FLAGS]
+    common = list(COMMON_FLAGS)
+    if max_num_seqs is not None:
+        at = common.index("--max-model-len") + 2
+        common[at:at] = ["--max-num-seqs", str(max_num_seqs)]
+    argv = [str(model), "--host", host, "--port", str(port), *common, "--dtype", dtype or host_cpu_dtype(), *CPU_FLAGS]
     if speculative_config is not None:
         argv += ["--speculative-config", json.dumps(dict(speculative_config), separators=(",", ":"))]
         # Only valid with a speculative config: vLLM refuses to start otherwise.
