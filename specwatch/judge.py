@@ -17,7 +17,8 @@ A blocked study (`blocked`: the variants measured in rounds, one block each per 
 within rounds: each round's values are aligned on the round's centre before the test and
 Hodges-Lehmann (aligned ranks, Hodges & Lehmann 1962), so a slowdown that hits every variant of a
 round cancels; and the effect of each round is kept, their mean with Student's t interval over
-rounds. `high` / `low` then needs both intervals, over requests and over rounds, beyond the band.
+rounds. `high` / `low` then needs both intervals, over requests and over rounds, beyond the band
+(from `GATING_ROUNDS` rounds on; with two the interval over rounds is shown, not required).
 
 The states are the canary's. What a state means is the caller's: the canary scores them
 (`specwatch.canary.judge`: a `high` TPOT fails), the study turns them into GO / NO-GO /
@@ -37,6 +38,9 @@ State = Literal["pass", "high", "low", "insufficient"]
 Scale = Literal["ratio", "difference"]
 
 MIN_SAMPLES = 20  # per side; the canary policy's default (`min_samples`), and the study's
+# From 3 rounds on the interval over rounds must agree too; with 2 its Student's t has one degree of freedom (a
+# multiplier of 12.7) and says nothing: it is shown, and the aligned interval over requests decides alone.
+GATING_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ def blocked(baseline: Mapping[int, Sequence[float]], candidate: Mapping[int, Seq
     two sides' medians, and the aligned values are tested and estimated as two samples: a shift that hits
     both sides of a round moves its centre and nothing else. The per-round effects (candidate median
     against baseline median) give the interval over rounds. `high` / `low` needs both intervals beyond
-    the band; `within`, both inside it.
+    the band; `within`, both inside it (the interval over rounds from `GATING_ROUNDS` rounds on).
     """
     rounds = sorted(r for r in baseline if baseline[r] and candidate.get(r))
     flat_b = [x for r in rounds for x in baseline[r]]
@@ -163,10 +167,11 @@ def blocked(baseline: Mapping[int, Sequence[float]], candidate: Mapping[int, Seq
     over = Shift(back(m.estimate), back(m.low), back(m.high), m.confidence)
     by_requests = classify(cmp.p_value, effect, band, rules.alpha)
     by_rounds: State = "high" if over.low > band.high else "low" if over.high < band.low else "pass"
-    state: State = by_requests if by_requests == by_rounds else "pass"
-    return Comparison(state, scale, nb, nc, effect, cmp.p_value, *medians, cmp.p_value < rules.alpha,
-                      inside(effect, band) and inside(over, band), len(rounds), over,
-                      tuple(back(d) for d in per_round))
+    gates = len(rounds) >= GATING_ROUNDS
+    state: State = by_requests if by_requests == by_rounds or not gates else "pass"
+    within = inside(effect, band) and (inside(over, band) or not gates)
+    return Comparison(state, scale, nb, nc, effect, cmp.p_value, *medians, cmp.p_value < rules.alpha, within,
+                      len(rounds), over, tuple(back(d) for d in per_round))
 
 
 def proportions(k_baseline: int, n_baseline: int, k_candidate: int, n_candidate: int, band: Band,

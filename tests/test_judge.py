@@ -73,3 +73,37 @@ def test_the_band_and_the_states_follow_the_scale() -> None:
     lower = [v - 0.2 for v in base]
     cmp = judge.samples(base, lower, "difference", Band.around("difference", 0.05, 0.05))
     assert cmp.state == "low" and cmp.effect is not None and cmp.effect.estimate == pytest.approx(-0.2)
+
+
+def test_blocked_samples_cancel_a_shift_that_hits_both_sides_of_a_round() -> None:
+    """Per round, a slow machine multiplies both sides alike: the blocked effect is the same as on a quiet one, while a
+    comparison of the pooled samples sees the spread between rounds as noise."""
+    rng = random.Random(5)
+    base = {r: _lognormal(rng, 6, 0.06, 0.05) for r in range(1, 5)}
+    cand = {r: [v * 0.8 for v in _lognormal(rng, 6, 0.06, 0.05)] for r in range(1, 5)}
+    quiet = judge.blocked(base, cand, "ratio", BAND)
+    slow = {1: 1.0, 2: 1.6, 3: 0.7, 4: 1.3}
+    noisy = judge.blocked({r: [v * slow[r] for v in vs] for r, vs in base.items()},
+                          {r: [v * slow[r] for v in vs] for r, vs in cand.items()}, "ratio", BAND)
+    assert quiet.state == noisy.state == "low" and quiet.rounds == noisy.rounds == 4
+    assert quiet.effect is not None and noisy.effect is not None and quiet.over_rounds is not None
+    assert noisy.effect.estimate == pytest.approx(quiet.effect.estimate)
+    assert noisy.over_rounds is not None and noisy.over_rounds.high == pytest.approx(quiet.over_rounds.high)
+    assert noisy.over_rounds.high < 0.9 and len(noisy.per_round) == 4
+    pooled = judge.samples([v * slow[r] for r, vs in base.items() for v in vs],
+                           [v * slow[r] for r, vs in cand.items() for v in vs], "ratio", BAND)
+    assert pooled.effect is not None and noisy.effect is not None
+    assert pooled.effect.high - pooled.effect.low > 2 * (noisy.effect.high - noisy.effect.low)
+
+
+def test_rounds_that_disagree_leave_a_blocked_comparison_undecided() -> None:
+    """Three rounds say -20 %, one says +30 %: the interval over rounds reaches across the band, so no `low`."""
+    rng = random.Random(6)
+    base = {r: _lognormal(rng, 6, 0.06, 0.03) for r in range(1, 5)}
+    factor = {1: 0.8, 2: 0.8, 3: 1.3, 4: 0.8}
+    cand = {r: [v * factor[r] for v in _lognormal(rng, 6, 0.06, 0.03)] for r in range(1, 5)}
+    cmp = judge.blocked(base, cand, "ratio", BAND)
+    assert cmp.over_rounds is not None and cmp.over_rounds.low < 0.9 < cmp.over_rounds.high
+    assert cmp.state == "pass" and not cmp.within
+    two = judge.blocked({1: base[1], 2: base[2]}, {1: cand[1], 2: cand[2]}, "ratio", BAND, judge.Rules(12))
+    assert two.rounds == 2 and two.state == "low"  # with two rounds the aligned interval decides alone
