@@ -52,10 +52,16 @@ def _spec_fields(variant: Path) -> list[dict[str, Any] | None]:
 def test_a_small_plan_end_to_end_on_the_simulator(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(SMALL)
-    code = cli.main(["experiment", str(plan), "--out", str(tmp_path / "results"), "--run-id", "r1", "--no-prometheus"])
+    code = cli.main(["experiment", str(plan), "--out", str(tmp_path / "results"), "--run-id", "r1"])
     assert code == cli.EXIT_OK
+    # interleaved (the simulator's default): both servers up at once, and Prometheus scraped both all along
+    timeline = json.loads((tmp_path / "results" / "r1" / "timeline.json").read_text())
+    rate = timeline["variants"]["ngram"]["series"]["Server acceptance rate"]
+    assert rate and all(line["labels"]["variant"] == "ngram" for line in rate)
+    for variant in ("baseline", "ngram"):
+        assert timeline["variants"][variant]["series"]["TPOT p50 / p95 / p99 (server side)"], variant
     run = tmp_path / "results" / "r1"
-    assert not (run / "timeline.json").exists() and not (run / "prometheus").exists()
+    assert (run / "prometheus").is_dir()  # --no-prometheus leaves none: tests/test_report.py
     assert (run / "plan.yaml").read_text() == SMALL
     record = json.loads((run / "run.json").read_text())
     assert record["variants"] == ["baseline", "ngram"] and set(record["inputs_sha256"]) == {

@@ -482,6 +482,8 @@ class Runner:
             return s  # it never started: `_start` wrote its status
         step(f"{s.variant.name}: stopping the server")
         s.status["stopped"] = s.server.stop()  # raises BackendError when not confirmed gone: the run stops
+        if self.timeline is not None:
+            self.timeline.untarget(s.variant.name)
         s.status["blocks"] = s.blocks
         advance()
         state = FAILED if "error" in s.status else DONE

@@ -16,6 +16,7 @@ import json
 import math
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ class Timeline:
     def __init__(self, folder: Path, out: Path, binary: str = "prometheus") -> None:
         self.folder, self.out, self.binary = folder, out, binary
         self.server: PrometheusServer | None = None
+        self.scraped: dict[str, str] = {}  # variant -> its server's URL, while it is up
+        self.lock = threading.Lock()  # an interleaved study starts its servers from several threads
 
     @staticmethod
     def available(binary: str) -> bool:
@@ -69,11 +72,22 @@ class Timeline:
         return self.server.url
 
     def target(self, variant: str, url: str) -> None:
-        """Scrape `url` as the `vllm` target of `variant` (and nothing else) from now on.
+        """Scrape `url` as the `vllm` target of `variant` from now on, beside the other servers up now.
 
         Called as the server starts: file discovery hands a new target to the scrapes up to 5 s after the
         file changes, and that wait then passes while the server loads (it is `up 0` until it answers)."""
-        targets = Targets(vllm={variant: url})
+        with self.lock:
+            self.scraped[variant] = url
+            self._retarget()
+
+    def untarget(self, variant: str) -> None:
+        """Stop scraping `variant`'s server (it has stopped)."""
+        with self.lock:
+            if self.scraped.pop(variant, None) is not None:
+                self._retarget()
+
+    def _retarget(self) -> None:
+        targets = Targets(vllm=dict(self.scraped))
         if self.server is not None and self.server.targets != targets:
             self.server.retarget(targets)
 
