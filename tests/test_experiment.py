@@ -237,6 +237,44 @@ def test_an_interrupted_run_resumes_without_redoing_a_finished_variant(tmp_path:
     assert [a["resume"] for a in attempts] == [False, True] and "finished" in attempts[1]
 
 
+def test_an_interleaved_run_interrupted_mid_round_stops_every_server_and_resumes_them_all(tmp_path: Path) -> None:
+    """Every server is up at once in an interleaved run: Ctrl+C in the second round stops them all and writes no
+    status; --resume redoes every variant, in rounds of their own."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(INTERRUPTIBLE.replace("design: sequential", "design: interleaved")
+                    .replace("requests: 2,", "requests: 4,"))
+    out = tmp_path / "results"
+    command = [sys.executable, "-m", "specwatch.cli", "experiment", str(plan), "--out", str(out), "--run-id", "r",
+               "--no-prometheus"]
+    variants = out / "r" / "variants"
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(variants.glob("*/perf/c1/rounds/r2")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0].decode()[-2000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output[-2000:]
+    for name in ("first", "base", "second"):
+        assert not (variants / name / "status.json").exists(), name
+        log = (variants / name / "server.log").read_text()
+        assert not port_open(int(log.split("--port ", 1)[1].split()[0])), name  # every server was stopped
+    done = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name.rsplit("-", 2)[0] for p in (out / "r" / "interrupted").iterdir()) == ["base", "first",
+                                                                                                 "second"]
+    for name in ("first", "base", "second"):
+        status = json.loads((variants / name / "status.json").read_text())
+        assert status["state"] == "done" and status["design"] == "interleaved"
+        assert sorted(b["round"] for b in status["blocks"]) == [1, 2, 3, 4]
+        rows = [json.loads(line) for line in (variants / name / "perf/c1/requests.jsonl").read_text().splitlines()]
+        assert sorted(r["round"] for r in rows) == [1, 2, 3, 4]  # 4 requests: one per round, tagged
+
+
 def test_run_folder_conflicts_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(SMALL)
