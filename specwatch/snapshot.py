@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,37 @@ class Difference:
         return {"url": self.url, "seconds": self.seconds,
                 "server": self.server.as_dict() if self.server else None,
                 "by_task": [{"variant": v, "task": t, **f.as_dict()} for (v, t), f in sorted(self.by_task.items())]}
+
+
+def _sum_tuples(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    width = max(len(a), len(b))
+    return tuple((a[i] if i < len(a) else 0.0) + (b[i] if i < len(b) else 0.0) for i in range(width))
+
+
+def _add_figures(a: Figures | None, b: Figures | None) -> Figures | None:
+    if a is None or b is None:
+        return a or b
+    return Figures(a.accepted + b.accepted, a.draft_tokens + b.draft_tokens, a.steps + b.steps,
+                   _sum_tuples(a.per_position, b.per_position), _sum_tuples(a.histogram, b.histogram))
+
+
+def combine(differences: Sequence[Difference]) -> Difference:
+    """The differences of several lifetimes of one server (restarted between them) added up: what it counted in all.
+
+    Each lifetime's difference is taken within one process (`diff` refuses a restart); their sum is the total a
+    reconciliation compares with the requests sent in all of them."""
+    if not differences:
+        raise SnapshotError("combine: no differences to add")
+    total = differences[0]
+    for d in differences[1:]:
+        counters = dict(total.counters)
+        for counter, value in d.counters.items():
+            counters[counter] = counters.get(counter, 0.0) + value
+        by_task = dict(total.by_task)
+        for pair, figures in d.by_task.items():
+            by_task[pair] = _add_figures(by_task.get(pair), figures) or figures
+        total = Difference(d.url, total.seconds + d.seconds, _add_figures(total.server, d.server), by_task, counters)
+    return total
 
 
 def _check_same_process(before: dict[Key, float], after: dict[Key, float]) -> None:

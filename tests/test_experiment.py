@@ -275,6 +275,72 @@ def test_an_interleaved_run_interrupted_mid_round_stops_every_server_and_resumes
         assert sorted(r["round"] for r in rows) == [1, 2, 3, 4]  # 4 requests: one per round, tagged
 
 
+BRACKETED = f"""
+backend: {{kind: sim, args: ["--sim-time-scale", "0.05"]}}
+model: Qwen/Qwen3-8B
+tasks: {{code: article}}
+warmup_requests: 1
+acceptance: {{rows: 2, max_tokens: 16}}
+performance: {{concurrencies: [1], requests: 6, warmup: 0, max_tokens: 16}}
+design: bracketed
+rounds: 3
+variants:
+  baseline: {{}}
+  ngram:
+    speculative_config: {NGRAM}
+"""
+
+
+def test_a_bracketed_run_starts_one_server_at_a_time_and_reconciles_every_lifetime(tmp_path: Path) -> None:
+    """Bracketed: baseline, ngram | ngram, baseline | baseline, ngram, one server up at a time, kept up where the next
+    block is its own: each lives twice (baseline: round 1, rounds 2-3; n-gram: rounds 1-2, round 3). Each lifetime
+    has its own log and snapshots, and the reconciliation adds them up against every request sent."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(BRACKETED)
+    assert cli.main(["experiment", str(plan), "--out", str(tmp_path / "results"), "--run-id", "b",
+                     "--no-prometheus"]) == cli.EXIT_OK
+    run = tmp_path / "results" / "b"
+    spans = {}
+    for name, lifetimes in (("baseline", 2), ("ngram", 2)):
+        folder = run / "variants" / name
+        status = json.loads((folder / "status.json").read_text())
+        assert status["state"] == "done" and status["ok"] and status["design"] == "bracketed"
+        recon = json.loads((folder / "reconciliation.json").read_text())
+        assert recon["ok"] and recon["lifetimes"] == lifetimes, recon
+        assert (folder / f"server-{lifetimes}.log").is_file() and not (folder / f"server-{lifetimes + 1}.log").exists()
+        for n in range(1, lifetimes + 1):
+            log = folder / ("server.log" if n == 1 else f"server-{n}.log")
+            assert not port_open(int(log.read_text().split("--port ", 1)[1].split()[0])), (name, n)
+        spans[name] = {b["round"]: (b["start"], b["end"]) for b in status["blocks"]}
+    order = [name for _, name in sorted((spans[n][r][0], n) for n in spans for r in spans[n])]
+    assert order == ["baseline", "ngram", "ngram", "baseline", "baseline", "ngram"], order
+    # one block at a time: each ends before the next begins
+    ordered = sorted(span for v in spans.values() for span in v.values())
+    assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:], strict=False)), ordered
+    loaded = results.load(run)
+    ngram = loaded.variant("ngram")
+    assert loaded.design == "bracketed" and loaded.rounds == 3 and ngram is not None and ngram.server is not None
+    assert ngram.server.draft_tokens == json.loads((run / "variants/ngram/reconciliation.json").read_text())[
+        "per_request"]["D"]  # every lifetime's counters, added up, against every request's fields
+    assert cli.main(["report", str(run)]) == cli.EXIT_OK
+    assert "**Design: bracketed, 3 rounds.**" in (run / "report" / "report.md").read_text()
+
+
+def test_the_default_design_is_the_strongest_that_fits(tmp_path: Path) -> None:
+    base = "model: m\ntasks: {code: article}\nperformance: {concurrencies: [2], requests: 8}\n"
+    home = Home(tmp_path / "home")
+    for backend, design, rounds in (("sim", "interleaved", 4), ("vllm_cpu", "interleaved", 4),
+                                    ("process", "bracketed", 4), ("docker", "bracketed", 4)):
+        plan = parse_plan(f"{base}backend: {backend}\nvariants: {{baseline: {{}}}}\n", tmp_path, home)
+        assert (plan.design, plan.rounds) == (design, rounds), backend
+    with pytest.raises(PlanError, match="design: interleaved does not fit this plan: .*baseline runs on docker"):
+        parse_plan(f"{base}backend: docker\ndesign: interleaved\nvariants: {{baseline: {{}}}}\n", tmp_path, home)
+    with pytest.raises(PlanError, match="rounds: a sequential design measures each variant in one block"):
+        parse_plan(f"{base}design: sequential\nrounds: 2\nvariants: {{baseline: {{}}}}\n", tmp_path, home)
+    with pytest.raises(PlanError, match="rounds: 9 rounds need at least as many requests per task"):
+        parse_plan(f"{base}rounds: 9\nvariants: {{baseline: {{}}}}\n", tmp_path, home)
+
+
 def test_run_folder_conflicts_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(SMALL)

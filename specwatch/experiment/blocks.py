@@ -2,9 +2,10 @@
 
 A study measures each variant in `rounds` blocks of requests per concurrency. In an interleaved design
 every round holds one block of every variant, the order rotated from round to round, so each variant
-is measured early and late in a round as often as the others. The blocks of one variant at one
-concurrency are merged into the pass's `requests.jsonl` (each line tagged with its round) and its
-`summary.json`, the files every reader of a run reads.
+is measured early and late in a round as often as the others. In a bracketed design (one server at
+a time) the order is reversed every other round instead, so the baseline's blocks bracket the others'.
+The blocks of one variant at one concurrency are merged into the pass's `requests.jsonl` (each line
+tagged with its round) and its `summary.json`, the files every reader of a run reads.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ def rotation(names: Sequence[str], round_: int) -> list[str]:
         return []
     k = (round_ - 1) % len(names)
     return [*names[k:], *names[:k]]
+
+
+def bracket(names: Sequence[str], round_: int) -> list[str]:
+    """The order of round `round_` in a bracketed design: `names` in odd rounds, reversed in even ones, so that
+    with the baseline first the blocks run B C | C B | B C | C B: each candidate's pair of blocks lies between
+    the baseline's, and a drift linear in time cancels over two rounds."""
+    return list(names) if round_ % 2 else list(reversed(names))
 
 
 def merge(folder: VariantFolder, concurrency: int, rounds: Sequence[int]) -> dict[str, Any]:

@@ -71,6 +71,26 @@ class VariantFolder:
     def metrics_after(self) -> Path:
         return self.root / "metrics-after.prom"
 
+    def lifetime(self, n: int) -> tuple[Path, Path, Path]:
+        """Lifetime `n` (1-based) of the variant's server, restarted between blocks in a bracketed design: its log
+        and its two snapshots (the first lifetime's are the plain names)."""
+        if n == 1:
+            return self.server_log, self.metrics_before, self.metrics_after
+        return (self.root / f"server-{n}.log", self.root / f"metrics-before-{n}.prom",
+                self.root / f"metrics-after-{n}.prom")
+
+    def snapshot_pairs(self) -> list[tuple[Path, Path]]:
+        """The (before, after) snapshots of every lifetime that has both, in order."""
+        pairs: list[tuple[Path, Path]] = []
+        n = 1
+        while True:
+            _, before, after = self.lifetime(n)
+            if not before.exists():
+                return pairs
+            if after.exists():
+                pairs.append((before, after))
+            n += 1
+
     @property
     def reconciliation(self) -> Path:
         return self.root / "reconciliation.json"

@@ -25,8 +25,8 @@ from specwatch.workloads import TASKS
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LANGS = ("en", "zh")
-Design = Literal["interleaved", "sequential"]
-DESIGNS: tuple[Design, ...] = ("interleaved", "sequential")
+Design = Literal["interleaved", "bracketed", "sequential"]
+DESIGNS: tuple[Design, ...] = ("interleaved", "bracketed", "sequential")
 # Backends whose servers can all be up at once beside each other on this host: processes that need no GPU.
 # A GPU server (`process`, `docker`) takes the whole device, so a plan on one runs its variants in turn.
 SIDE_BY_SIDE = ("sim", "vllm_cpu")
@@ -144,7 +144,8 @@ class StudyPlan:
     text: str  # the plan file as given (saved as results/<run-id>/plan.yaml)
     sweep: Sweep | None = None
     # interleaved: every variant's server up at once, the performance pass in `rounds` rounds of one block per
-    # variant, the order rotated from round to round; sequential: each variant in turn, one block each
+    # variant, the order rotated from round to round; bracketed: the same rounds with one server up at a time,
+    # restarted for each block, the order reversed every other round; sequential: each variant in turn, one block
     design: Design = "sequential"
     rounds: int = 1
 
@@ -414,10 +415,10 @@ TOP_KEYS = ("name", "backend", "model", "served_model_name", "server", "lang", "
 def _design(m: dict[str, Any], variants: tuple[Variant, ...], sweep: Sweep | None,
             performance: PerformancePass | None) -> tuple[Design, int]:
     """The plan's design and rounds; by default the strongest that fits: interleaved where every variant's
-    server can run beside the others (a study on `sim` or `vllm_cpu`), else sequential. A sweep is sequential
-    (its proof measures one more variant after tuning)."""
+    server can run beside the others (a study on `sim` or `vllm_cpu`), else bracketed (one server at a time,
+    restarted for each block). A sweep is sequential (its proof measures one more variant after tuning)."""
     fits = sweep is None and all(v.backend.kind in SIDE_BY_SIDE for v in variants)
-    design = m.get("design", "interleaved" if fits else "sequential")
+    design = m.get("design", "interleaved" if fits else "bracketed" if sweep is None else "sequential")
     if design not in DESIGNS:
         raise PlanError(f"design: expected one of {', '.join(DESIGNS)}, got {_kind(design)}")
     if design == "interleaved" and not fits:
@@ -427,10 +428,10 @@ def _design(m: dict[str, Any], variants: tuple[Variant, ...], sweep: Sweep | Non
                            if v.backend.kind not in SIDE_BY_SIDE) + f" (side by side: {', '.join(SIDE_BY_SIDE)})")
         raise PlanError(f"design: interleaved does not fit this plan: {why}; write `design: sequential`")
     fewest = min((performance.requests_at(c) for c in performance.concurrencies), default=1) if performance else 1
-    rounds = _int(m, "rounds", "plan", min(DEFAULT_ROUNDS, fewest) if design == "interleaved" else 1)
+    rounds = _int(m, "rounds", "plan", min(DEFAULT_ROUNDS, fewest) if design != "sequential" else 1)
     if design == "sequential" and rounds != 1:
         raise PlanError(f"rounds: a sequential design measures each variant in one block, got {rounds}; "
-                        "use `design: interleaved` for rounds")
+                        "use `design: interleaved` or `bracketed` for rounds")
     if rounds > fewest:
         raise PlanError(f"rounds: {rounds} rounds need at least as many requests per task at every concurrency, "
                         f"and performance.requests gives {fewest}")

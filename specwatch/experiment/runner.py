@@ -33,7 +33,7 @@ from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_
 from specwatch.backends.base import HOST, Server
 from specwatch.config import Home
 from specwatch.experiment import blocks, environment, passes
-from specwatch.experiment.blocks import rotation
+from specwatch.experiment.blocks import bracket, rotation
 from specwatch.experiment.layout import (
     DONE,
     FAILED,
@@ -136,6 +136,8 @@ class Serving:
     before: snapshot.Snapshot | None = None
     window_start: float = 0.0
     blocks: list[dict[str, Any]] = field(default_factory=list)  # the performance blocks: concurrency, round, times
+    lifetimes: int = 0  # server starts so far (more than one in a bracketed design)
+    differences: list[snapshot.Difference] = field(default_factory=list)  # one per lifetime: before to after
 
     @property
     def url(self) -> str:
@@ -314,7 +316,9 @@ class Runner:
             def advance() -> None:
                 progress.advance(bar)
 
-            if self.plan.design == "interleaved":
+            if self.plan.design == "bracketed":
+                done = self._bracketed(todo, step, advance)
+            elif self.plan.design == "interleaved":
                 if statuses and todo:
                     progress.console.print(f"{', '.join(s.variant.name for s in todo)}: measured in rounds of their "
                                            f"own; {', '.join(statuses)} finished earlier, outside those rounds")
@@ -345,7 +349,7 @@ class Runner:
                 for c in self._concurrencies():
                     self._guard(s, partial(self._block, s, c, 1, step, advance))
                 self._guard(s, partial(self._close, s, step))
-            return self._stop(s, step, advance)
+            return self._finish(s, step, advance)
 
     def _interleaved(self, todo: Sequence[Serving], step: Step, advance: Advance) -> list[Serving]:
         """Every server up at once; the passes of each; then per concurrency `rounds` rounds of one block per
@@ -365,7 +369,40 @@ class Runner:
                         self._guard(live[name], partial(self._block, live[name], c, r, step, advance))
             for s in live.values():
                 self._guard(s, partial(self._close, s, step))
-            return [self._stop(s, step, advance) for s in todo]
+            return [self._finish(s, step, advance) for s in todo]
+
+    def _bracketed(self, todo: Sequence[Serving], step: Step, advance: Advance) -> list[Serving]:
+        """One server at a time: per concurrency `rounds` rounds of one block per variant, the order reversed every
+        other round (baseline, candidates | candidates, baseline | ...), each variant's server started for its
+        block and stopped after it (kept up where the next block is its own again). Its first start also runs its
+        warm-up and acceptance pass; every start warms up and takes its own snapshots."""
+        with self._stopped_on_the_way_out(todo):
+            by_name = {s.variant.name: s for s in todo}
+            plan: list[tuple[int | None, int, str]] = [
+                (c, r, name) for c in self._concurrencies() for r in range(1, self.plan.rounds + 1)
+                for name in bracket(list(by_name), r)] or [(None, 1, name) for name in by_name]
+            current: Serving | None = None
+            for c, r, name in plan:
+                s = by_name[name]
+                if "error" in s.status:
+                    continue
+                if current is not s:
+                    if current is not None:
+                        self._guard(current, partial(self._snapshot_after, current))
+                        self._down(current, step)
+                    current = None
+                    if not self._start(s, step, advance):
+                        continue
+                    current = s
+                    self._guard(s, partial(self._open, s, step, advance))
+                if c is not None:
+                    self._guard(s, partial(self._block, s, c, r, step, advance))
+            if current is not None:
+                self._guard(current, partial(self._snapshot_after, current))
+                self._down(current, step)
+            for s in todo:
+                self._guard(s, partial(self._close, s, step))
+            return [self._finish(s, step, advance) for s in todo]
 
     @contextmanager
     def _stopped_on_the_way_out(self, todo: Sequence[Serving]) -> Iterator[None]:
@@ -374,7 +411,7 @@ class Runner:
             yield
         except BaseException:
             for s in todo:
-                if s.server is not None and "stopped" not in s.status:
+                if s.server is not None:
                     try:
                         s.server.stop()
                     except BackendError as exc:
@@ -388,7 +425,7 @@ class Runner:
 
     def _guard(self, s: Serving, work: Callable[[], None]) -> None:
         """Run one step of `s` unless an earlier one failed; an error is recorded in its status, the run goes on."""
-        if "error" in s.status or s.server is None:
+        if "error" in s.status:
             return
         try:
             work()
@@ -397,31 +434,42 @@ class Runner:
             s.status["error"] = f"{type(exc).__name__}: {exc}"
 
     def _start(self, s: Serving, step: Step, advance: Advance) -> bool:
+        """Start the variant's server (again, in a bracketed design: a new lifetime with its own log)."""
         v = s.variant
         s.folder.root.mkdir(parents=True, exist_ok=True)
         backend = self._backend(v)
-        s.launch = Launch(v.name, tuple(variant_args(self.plan, v)), free_port(), s.folder.server_log,
-                          self.plan.server.startup_timeout)
+        s.lifetimes += 1
+        log = s.folder.lifetime(s.lifetimes)[0]
+        s.launch = Launch(v.name, tuple(variant_args(self.plan, v)), free_port(), log, self.plan.server.startup_timeout)
         if self.timeline is not None:  # Prometheus takes the new target up while the server starts
             self.timeline.target(v.name, f"http://{HOST}:{s.launch.port}")
-        step(f"{v.name}: starting {v.backend.kind} server")
+        step(f"{v.name}: starting {v.backend.kind} server" + (f" ({s.lifetimes})" if s.lifetimes > 1 else ""))
+        started = time.monotonic()
         try:
             s.server = backend.start(s.launch)
         except BackendError as exc:
-            s.status.update(state=FAILED, error=str(exc), seconds=round(time.monotonic() - s.started, 2))
-            write_json(s.folder.status, s.status)
+            s.status.update(error=str(exc))
             return False
-        s.status["startup_seconds"] = round(time.monotonic() - s.started, 2)
-        s.window_start = time.time()
-        advance()
+        if s.lifetimes == 1:
+            s.status["startup_seconds"] = round(time.monotonic() - s.started, 2)
+            s.window_start = time.time()
+            advance()
+        else:
+            s.status.setdefault("restarts", []).append({"startup_seconds": round(time.monotonic() - started, 2)})
         return True
 
     def _open(self, s: Serving, step: Step, advance: Advance) -> None:
-        """The environment, the warm-up, the first snapshot and the acceptance pass of each task."""
+        """The environment, the warm-up, the first snapshot and the acceptance pass of each task; after a restart
+        (a bracketed design's next lifetime) the warm-up and the lifetime's first snapshot only."""
         v, folder, url = s.variant, s.folder, s.url
         backend, model = self._backend(v), self.plan.served_model_name
         if self.timeline is not None and not self.timeline.watch(v.name, url):
             self.console.print(f"{v.name}: Prometheus did not scrape its server within 15 s; its curves start later")
+        if s.lifetimes > 1:
+            self._warm_up(s, step)
+            s.before = snapshot.take(url)
+            snapshot.write(s.before, folder.lifetime(s.lifetimes)[1])
+            return
         step(f"{v.name}: recording the environment")
         help_text = self._help(v, backend).result()
         if help_text:
@@ -432,16 +480,28 @@ class Runner:
             url=url, command=backend.command_line(s.launch), args=s.launch.args, model=v.model,
             speculative_config=v.speculative_config, backend=backend.describe(), inputs=self.inputs,
             metrics_text=before_env.text, startup_seconds=s.status["startup_seconds"], has_help=bool(help_text)))
-        if self.plan.warmup_requests:
-            step(f"{v.name}: warming up")
-            rows = [r for t in self.plan.tasks for r in self.rows[t.name][:self.plan.warmup_requests]]
-            passes.chat_pass(url, rows, folder.warmup, max_tokens=16, concurrency=len(rows), model=model)
+        self._warm_up(s, step)
         s.before = snapshot.take(url)
         snapshot.write(s.before, folder.metrics_before)
         for task in self.plan.tasks:
             step(f"{v.name}: acceptance pass, {task.name}")
             passes.acceptance_pass(url, task.name, self.rows[task.name], folder, self.plan.acceptance, model)
             advance()
+
+    def _warm_up(self, s: Serving, step: Step) -> None:
+        """A few requests per task before the snapshot (numba's JIT of the proposers, the first batch's shapes)."""
+        if self.plan.warmup_requests:
+            step(f"{s.variant.name}: warming up")
+            rows = [r for t in self.plan.tasks for r in self.rows[t.name][:self.plan.warmup_requests]]
+            passes.chat_pass(s.url, rows, s.folder.warmup, max_tokens=16, concurrency=len(rows),
+                             model=self.plan.served_model_name)
+
+    def _snapshot_after(self, s: Serving) -> None:
+        """The lifetime's last snapshot, and its difference from the first."""
+        after = snapshot.take(s.url)
+        snapshot.write(after, s.folder.lifetime(s.lifetimes)[2])
+        assert s.before is not None
+        s.differences.append(snapshot.diff(s.before, after))
 
     def _block(self, s: Serving, c: int, r: int, step: Step, advance: Advance) -> None:
         """Round `r`'s block at concurrency `c`: its share of the pass's requests (Locust's warm-up in the
@@ -467,23 +527,28 @@ class Runner:
             perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"], "rounds": rounds}
             if self.plan.sweep is not None:
                 self.console.print(cell_line(v, c, summary, folder.perf(c) / "requests.jsonl"))
-        after = snapshot.take(s.url)
-        snapshot.write(after, folder.metrics_after)
-        assert s.before is not None
-        reconciliation = passes.reconcile(snapshot.diff(s.before, after), folder, v.speculative_config is not None)
+        if s.server is not None:
+            self._snapshot_after(s)
+        reconciliation = passes.reconcile(snapshot.combine(s.differences), folder, v.speculative_config is not None)
+        reconciliation["lifetimes"] = len(s.differences)
         write_json(folder.reconciliation, reconciliation)
         perf_ok = all(p["failures"] == 0 and p["locust_exit_code"] == 0 for p in perf.values())
         s.status.update(reconciled=reconciliation["ok"], performance=perf, ok=reconciliation["ok"] and perf_ok,
                         window=[s.window_start, time.time()])  # Unix seconds: healthy to the last snapshot
 
-    def _stop(self, s: Serving, step: Step, advance: Advance) -> Serving:
-        """Stop the server (confirmed gone, or the run stops) and write the status, last."""
+    def _down(self, s: Serving, step: Step) -> None:
+        """Stop the server, confirmed gone (else BackendError: the run stops)."""
         if s.server is None:
-            return s  # it never started: `_start` wrote its status
+            return
         step(f"{s.variant.name}: stopping the server")
-        s.status["stopped"] = s.server.stop()  # raises BackendError when not confirmed gone: the run stops
+        s.status["stopped"] = s.server.stop()
+        s.server = None
         if self.timeline is not None:
             self.timeline.untarget(s.variant.name)
+
+    def _finish(self, s: Serving, step: Step, advance: Advance) -> Serving:
+        """Stop the server if it is up and write the status, last."""
+        self._down(s, step)
         s.status["blocks"] = s.blocks
         advance()
         state = FAILED if "error" in s.status else DONE

@@ -57,6 +57,12 @@ def _design(run: RunResults) -> list[str]:
                 "pass ran in rounds of one block of requests per variant, the order rotated from round to round, so "
                 "whatever slowed the machine in a round slowed every variant of it. Effects are estimated within "
                 "rounds; the baseline against itself across rounds is the drift on each line (plot: `drift.png`)."]
+    if run.design == "bracketed":
+        return [f"**Design: bracketed, {run.rounds} rounds.** One server at a time, started for its block and stopped "
+                "after it; the order reversed every other round (baseline, candidates | candidates, baseline | ...), "
+                "so the baseline's blocks bracket the others' and a drift linear in time cancels over two rounds. "
+                "Effects are estimated within rounds; the baseline against itself across rounds is the drift on "
+                "each line (plot: `drift.png`)."]
     return ["**Design: sequential.** Each variant ran alone, one after another: a slowdown of the machine during one "
             "variant's window is neither cancelled nor seen by the comparison. The drift on each line is the "
             "baseline's first half against its second half; a drift beyond the tolerance leaves the verdicts "

@@ -20,6 +20,7 @@ import yaml
 
 from specwatch import snapshot
 from specwatch.acceptance import Acceptance, parse, spec_field
+from specwatch.experiment.layout import VariantFolder
 from specwatch.load.results import RequestResult, percentile, read_results
 
 PERF_METRICS = ("tpot", "itl_p95", "output_tps")  # per-request performance samples, named as the canary names them
@@ -228,9 +229,10 @@ def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
             concurrency = int(match.group(1))
             result.perf[concurrency] = _json(path).get("tasks", {})
             result.requests[concurrency] = _requests(path.parent / "requests.jsonl")
-    before, after = folder / "metrics-before.prom", folder / "metrics-after.prom"
-    if before.exists() and after.exists():
-        result.server = snapshot.diff(snapshot.read(before), snapshot.read(after)).server
+    snapshots = VariantFolder(folder).snapshot_pairs()  # one pair per server lifetime (several in a bracketed design)
+    if snapshots:
+        lifetimes = [snapshot.diff(snapshot.read(b), snapshot.read(a)) for b, a in snapshots]
+        result.server = snapshot.combine(lifetimes).server
     blocks = status.get("blocks")
     result.blocks = [b for b in blocks if isinstance(b, dict)] if isinstance(blocks, list) else []
     recon = folder / "reconciliation.json"

@@ -210,7 +210,7 @@ def _drift_reason(design: str, base: Drift | None, cand: Drift | None, decided: 
     A drift that hit both sides alike is cancelled by the blocking and named. An undecided comparison with drift
     on either side says so first."""
     title = TITLES["tpot"]
-    if design != "interleaved":
+    if design == "sequential":
         if base is None:
             return ("drift not measured (too few baseline requests); a sequential design neither sees nor cancels "
                     "drift between the variants' windows"), False
