@@ -283,7 +283,7 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
         if lower:
             reasons.append(f"gains only at concurrency {', '.join(map(str, lower))}, below the target")
         rate = v.acceptance[task].acceptance_rate if task in v.acceptance else None
-        if judged and rate is not None and rate >= HIGH_ACCEPTANCE:
+        if judged and not void and rate is not None and rate >= HIGH_ACCEPTANCE:
             reasons.append(f"high acceptance ({rate:.0%}) without an end-to-end gain: "
                            "the draft costs what it saves")
     if task in v.outputs and task in baseline.outputs:
