@@ -1,7 +1,9 @@
-"""`specwatch experiment`: the source article's study as a plan, run variant by variant, resumable.
+"""`specwatch experiment`: the source article's study as a plan, run in its design (interleaved rounds, bracketed
+rounds or variant by variant), resumable.
 
 Modules: `plan` (YAML in, a validated frozen `StudyPlan` out), `runner` (the order of things),
-`passes` (warm-up, acceptance, Locust performance, reconciliation), `environment` (what ran),
+`blocks` (the order of the performance blocks, and their merge), `passes` (warm-up, acceptance, one
+Locust block, reconciliation), `environment` (what ran),
 `timeline` (Prometheus beside the study), `layout` (where results go), `cli` (the verb).
 Servers come from `specwatch.backends`.
 
@@ -10,7 +12,7 @@ Results layout, written as it is produced (every file through a temporary name a
     results/<run-id>/
       plan.yaml                     the plan as given (a resume must pass the same text)
       run.json                      run id, specwatch version, sha256 of plan.yaml and every input,
-                                    variant order, attempts (start / finish), final states
+                                    variant order, attempts (start / finish), final states, design, rounds
       inputs/<task>.jsonl           the task files the passes read (article sets written here)
       inputs/article-<lang>/        the article's code.jsonl / chat.jsonl and sha256.txt, when used
       variants/<name>/
@@ -24,13 +26,17 @@ Results layout, written as it is produced (every file through a temporary name a
         metrics-before.prom         /metrics snapshot (specwatch.snapshot format)
         acceptance/<task>.jsonl     one line per request: task, index, finish_reason, text, usage,
                                     spec (metrics.speculative_decoding), the whole response
-        perf/c<N>/                  `specwatch load` at concurrency N: summary.json, summary.txt,
-                                    requests.jsonl, locust_*.csv, locust.log
+        perf/c<N>/rounds/r<R>/      round R's block at concurrency N, as `specwatch load` writes it:
+                                    summary.json, summary.txt, requests.jsonl, locust_*.csv, locust.log
+        perf/c<N>/requests.jsonl    every block's requests, each line with its `round`; summary.json
         metrics-after.prom          /metrics snapshot after the passes
+        server-<n>.log, metrics-before-<n>.prom, metrics-after-<n>.prom
+                                    lifetime n >= 2 of the server (a bracketed design restarts it)
         reconciliation.json         snapshot difference vs the summed per-request fields
                                     (C, D, R, every position; requests without the field)
         status.json                 written LAST: state done (ok: checks passed) or failed (error),
-                                    timings, how the server was confirmed gone
+                                    timings, the design, every block (concurrency, round, start, end),
+                                    how the server was confirmed gone
       interrupted/<name>-<time>/    an unfinished variant's partial results, set aside on --resume
       prometheus/                   the Prometheus that scraped each variant's server (config, data, log),
                                     when `prometheus` is on PATH and not --no-prometheus
