@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_K = 64  # the most draft positions a histogram may describe (k + 1 bins); longer is malformed
+# The largest count a field may carry: what a float64 (a Prometheus counter's value) holds exactly. A larger one
+# (a 400-digit integer) is no count a server produced, and float() of it raises OverflowError.
+MAX_COUNT = 2 ** 53
 
 ACCEPTED, DRAFTED, STEPS, HISTOGRAM = (
     "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_steps", "acceptance_histogram")
@@ -63,10 +66,26 @@ class SpecFields:
 
 
 def parse(field: Mapping[str, Any]) -> SpecFields:
-    """Validate one `metrics.speculative_decoding` object; AcceptanceFieldError names the bad key."""
+    """Validate one `metrics.speculative_decoding` object; AcceptanceFieldError names the bad key.
+
+    Beyond each value's type and range, the fields must agree as vLLM 0.32.0 computes them (the wire format's
+    section on the per-request field): the steps are the histogram's sum, the accepted tokens its weighted
+    sum, and C <= D <= k * R (a draft is at most k slots, an accepted token is a drafted one). A field that
+    contradicts itself (C = 50 with D = 4) is malformed, not a 12.5 acceptance rate."""
     if not isinstance(field, Mapping):
-        raise AcceptanceFieldError(f"speculative_decoding: expected an object, got {field!r}")
-    return SpecFields(_int(field, ACCEPTED), _int(field, DRAFTED), _int(field, STEPS), _histogram(field))
+        raise AcceptanceFieldError(f"speculative_decoding: expected an object, got {_short(field)}")
+    f = SpecFields(_int(field, ACCEPTED), _int(field, DRAFTED), _int(field, STEPS), _histogram(field))
+    k = len(f.histogram) - 1
+    if f.steps != sum(f.histogram):
+        raise AcceptanceFieldError(f"speculative_decoding: {STEPS} {f.steps} is not the sum of {HISTOGRAM} "
+                                   f"{list(f.histogram)}")
+    if f.accepted != sum(j * h for j, h in enumerate(f.histogram)):
+        raise AcceptanceFieldError(f"speculative_decoding: {ACCEPTED} {f.accepted} is not the weighted sum of "
+                                   f"{HISTOGRAM} {list(f.histogram)}")
+    if not f.accepted <= f.drafted <= k * f.steps:
+        raise AcceptanceFieldError(f"speculative_decoding: expected {ACCEPTED} <= {DRAFTED} <= k x {STEPS}, got "
+                                   f"{f.accepted}, {f.drafted} and {k} x {f.steps}")
+    return f
 
 
 @dataclass(frozen=True)
@@ -140,20 +159,27 @@ def total(responses: Iterable[Mapping[str, Any]]) -> Acceptance:
     return acc
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def is_count(value: Any) -> bool:
+    """An integer in 0..MAX_COUNT (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def _short(value: Any) -> str:
+    """A value for an error message, cut to 80 characters (a 400-digit integer does not fill the log)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _int(field: Mapping[str, Any], key: str) -> int:
     value = field.get(key)
-    if isinstance(value, int) and _count(value):
+    if isinstance(value, int) and is_count(value):
         return value
-    raise AcceptanceFieldError(f"speculative_decoding.{key}: expected a non-negative integer, got {value!r}")
+    raise AcceptanceFieldError(f"speculative_decoding.{key}: expected an integer in 0..2^53, got {_short(value)}")
 
 
 def _histogram(field: Mapping[str, Any]) -> tuple[int, ...]:
     value = field.get(HISTOGRAM)
-    if not isinstance(value, list) or not 1 <= len(value) <= MAX_K + 1 or not all(_count(v) for v in value):
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_K + 1 or not all(is_count(v) for v in value):
         raise AcceptanceFieldError(f"speculative_decoding.{HISTOGRAM}: expected a list of 1 to {MAX_K + 1} "
-                                   f"non-negative integers, got {value!r}")
+                                   f"integers in 0..2^53, got {_short(value)}")
     return tuple(value)

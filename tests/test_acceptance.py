@@ -92,6 +92,6 @@ def test_parse_accepts_the_largest_k_and_refuses_a_non_object():
 def test_survival_is_the_per_position_count_and_sums_linearly():
     assert survival([2, 3, 1, 0, 4]) == (8, 5, 4, 4)
     assert survival([7]) == ()
-    a = total([body([2, 3, 1, 0, 4], 40, 30), body([1, 1, 0, 2, 0], 20, 10)])
+    a = total([body([2, 3, 1, 0, 4], 40, 30), body([1, 1, 0, 2, 0], 16, 10)])
     assert a.survival == tuple(x + y for x, y in zip(survival([2, 3, 1, 0, 4]), survival([1, 1, 0, 2, 0]),
                                                      strict=True))

@@ -16,13 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
-from specwatch.acceptance import ACCEPTED, DRAFTED, HISTOGRAM, STEPS, AcceptanceFieldError, parse, spec_field, survival
+from specwatch.acceptance import (
+    ACCEPTED,
+    DRAFTED,
+    HISTOGRAM,
+    STEPS,
+    AcceptanceFieldError,
+    SpecFields,
+    is_count,
+    parse,
+    spec_field,
+    survival,
+)
 from specwatch.exporter.metrics import ExporterMetrics
+
+log = logging.getLogger("specwatch.exporter")
 
 ITL_FLUSH_SECONDS = 1.0
 
@@ -158,43 +172,63 @@ def utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+USAGE_KEYS = ("prompt_tokens", "completion_tokens")
+
+
+def checked(record: RequestRecord) -> tuple[SpecFields | None, dict[str, int]]:
+    """The record's spec-decode field and token counts, validated before anything is counted; AcceptanceFieldError
+    names what is out of range or contradicts itself (then nothing of the request's usage may be counted)."""
+    fields = parse(record.spec) if record.spec is not None else None
+    usage: dict[str, int] = {}
+    for key in USAGE_KEYS:
+        value = (record.usage or {}).get(key)
+        if value is None:
+            continue
+        if not is_count(value):
+            raise AcceptanceFieldError(f"usage.{key}: expected an integer in 0..2^53, got {str(value)[:40]!r}")
+        usage[key] = value
+    return fields, usage
+
+
 def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
-    """Count a finished request. A malformed field makes the outcome bad_response; nothing raises."""
+    """Count a finished request, once: everything it reports is validated first, so that a field out of range or
+    contradicting itself makes the request a bad_response (logged, one line) before any counter moves."""
     v, t = record.variant, record.task
     ch = metrics.of(v, t)
     record.end = record.end or time.perf_counter()
     if record.gaps is not None:
         record.gaps.flush(record.end)
     c = r = 0
-    if record.outcome == "ok" and record.spec is not None:
+    fields: SpecFields | None = None
+    usage: dict[str, int] = {}
+    if record.outcome == "ok":
         try:
-            fields = parse(record.spec)
-        except AcceptanceFieldError:
+            fields, usage = checked(record)
+        except AcceptanceFieldError as exc:
             record.outcome = "bad_response"
-        else:
-            c, d, r, hist = fields.accepted, fields.drafted, fields.steps, fields.histogram
-            by_accepted, per_pos = metrics.ensure_positions(v, t, len(hist) - 1)
-            ch.steps.inc(r)
-            ch.draft_tokens.inc(d)
-            ch.accepted.inc(c)
-            for accepted, steps in enumerate(hist):
-                if steps:
-                    by_accepted[accepted].inc(steps)
-            for p, survivors in enumerate(survival(hist)):
-                if survivors:
-                    per_pos[p].inc(survivors)
-            if fields.acceptance_rate is not None:
-                observe(ch.request_acceptance_rate, fields.acceptance_rate)
+            log.warning("request %s (%s, %s): bad_response: %s", record.request_id, v, t, exc)
+    if record.outcome == "ok" and fields is not None:
+        c, d, r, hist = fields.accepted, fields.drafted, fields.steps, fields.histogram
+        by_accepted, per_pos = metrics.ensure_positions(v, t, len(hist) - 1)
+        ch.steps.inc(r)
+        ch.draft_tokens.inc(d)
+        ch.accepted.inc(c)
+        for accepted, steps in enumerate(hist):
+            if steps:
+                by_accepted[accepted].inc(steps)
+        for p, survivors in enumerate(survival(hist)):
+            if survivors:
+                per_pos[p].inc(survivors)
+        if fields.acceptance_rate is not None:
+            observe(ch.request_acceptance_rate, fields.acceptance_rate)
     if record.outcome == "ok":
         if record.spec is None and record.single:
             ch.missing.inc()
-        usage = record.usage or {}
         for key, counter in (("prompt_tokens", ch.prompt_tokens), ("completion_tokens", ch.completion_tokens)):
-            value = usage.get(key)
-            if isinstance(value, int) and value >= 0:
-                counter.inc(value)
+            if key in usage:
+                counter.inc(usage[key])
         completion = usage.get("completion_tokens")
-        if record.single and isinstance(completion, int) and completion > 0:
+        if record.single and completion is not None and completion > 0:
             ch.decode_steps.inc(max(completion - 1 - c, r))
         if record.first_token is not None:
             observe(ch.ttft, record.first_token - record.start)

@@ -12,6 +12,7 @@ the same for a plain body. Neither touches a socket: `tap.Tap` moves the bytes.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,11 @@ from specwatch.exporter.sse import Event, PlainReader, SseSplitter
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 MAX_BUFFERED_BODY = 32 * 1024 * 1024
+
+
+class BodyError(ValueError):
+    """A generation request's body the tap cannot parse although it is JSON by its content type (nested deeper
+    than the parser goes): the tap answers it with a 400 of its own rather than forward what it cannot account."""
 
 
 @dataclass
@@ -41,6 +47,9 @@ def plan_request(path: str, raw: bytes, content_type: str) -> UpstreamRequest:
             value = json.loads(raw) if raw else None
         except (ValueError, UnicodeDecodeError):
             value = None
+        except RecursionError:
+            raise BodyError("request body nested deeper than the exporter parses (a JSON value of at most "
+                            f"{sys.getrecursionlimit()} levels)") from None
         parsed = value if isinstance(value, dict) else None
     if parsed is None:
         return UpstreamRequest(raw, None, False, False)
@@ -191,7 +200,7 @@ class BodyRelay:
                 if not isinstance(parsed, dict):
                     raise ValueError("not an object")
                 record.saw_body(parsed)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep to parse
                 record.outcome = "bad_response"
         last, self.last = self.last, b""
         return last

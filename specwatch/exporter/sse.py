@@ -30,7 +30,7 @@ class Event:
             return None
         try:
             return json.loads(self.data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return None
 
 

@@ -33,7 +33,14 @@ from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.eventlog import EventLog
 from specwatch.exporter.fastrelay import FastRelay
 from specwatch.exporter.metrics import ExporterMetrics
-from specwatch.exporter.relays import GENERATION_PATHS, BodyRelay, SseRelay, UpstreamRequest, plan_request
+from specwatch.exporter.relays import (
+    GENERATION_PATHS,
+    BodyError,
+    BodyRelay,
+    SseRelay,
+    UpstreamRequest,
+    plan_request,
+)
 from specwatch.exporter.routing import VARIANT_HEADER, Router
 from specwatch.exporter.sse import _decoded
 from specwatch.exporter.turns import Turns
@@ -159,7 +166,11 @@ class Tap:
             self._account(self._rejected(request, 413))  # counted and logged on any path: nothing was forwarded
             return error_response(413, f"request body larger than {self.cfg.max_body_bytes} bytes",
                                   "RequestEntityTooLarge")
-        plan = plan_request(request.path, raw, request.content_type)
+        try:
+            plan = plan_request(request.path, raw, request.content_type)
+        except BodyError as exc:  # counted and answered here, no traceback: nothing was forwarded
+            self._account(self._rejected(request, 400))
+            return error_response(400, str(exc), "BadRequestError")
         task = classify(self.cfg, request.path, request.headers, plan.parsed)
         variant = self.router.route(request.headers)
         record = self._record(request, plan, variant, task)
@@ -195,9 +206,15 @@ class Tap:
         self._account(record)
 
     def _account(self, record: RequestRecord) -> None:
-        """Counters and the event-log line, once per record."""
+        """Counters and the event-log line, once per record. `account` validates before it counts; should it still
+        raise, the request is counted a bad_response and the error logged, and the client's bytes go on."""
         record.accounted = True
-        account(record, self.metrics)
+        try:
+            account(record, self.metrics)
+        except Exception:  # noqa: BLE001 - a bug in accounting must not cut the client's answer
+            log.exception("request %s: accounting failed; counted as bad_response", record.request_id)
+            record.outcome = "bad_response"
+            self.metrics.requests.labels(record.variant, record.task, "bad_response").inc()
         if self.event_log is not None:
             try:
                 self.event_log.write(record.event())

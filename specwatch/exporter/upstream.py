@@ -13,6 +13,7 @@ the same family the tap already maps to a 502 or `upstream_error`.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -26,6 +27,18 @@ MAX_IDLE_PER_UPSTREAM = 2048  # idle connections kept per upstream beyond this a
 NO_BODY_STATUS = frozenset({204, 304})
 
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
+
+
+HEX_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
+def chunk_size(line: bytes) -> int | None:
+    """The size on a chunk-size line (RFC 9112 7.1: 1*HEXDIG, then optional chunk extensions after BWS and ";");
+    None for anything else: `0x1f`, `+1f`, ` 1f `, `-5` are bad framing, not 31 (what int(x, 16) reads)."""
+    size, semicolon, _ = line.partition(b";")
+    if semicolon:
+        size = size.rstrip(b" \t")
+    return int(size, 16) if HEX_SIZE.fullmatch(size) else None
 
 
 class Head:
@@ -89,10 +102,7 @@ class Connection(asyncio.Protocol):
         if state == _CHUNK_SIZE and not self._buf:  # the usual read: exactly one whole chunk
             eol = data.find(b"\r\n")
             if 0 < eol < 16:
-                try:
-                    size = int(data[:eol], 16)
-                except ValueError:
-                    size = 0
+                size = chunk_size(data[:eol]) or 0
                 if size > 0 and len(data) == eol + size + 4 and data.endswith(b"\r\n"):
                     self._body(data[eol + 2:-2])
                     return
@@ -234,10 +244,10 @@ class Connection(asyncio.Protocol):
                         return self._bad_framing()
                     self._buf = buf[pos:]
                     break
-                try:
-                    size = int(buf[pos:eol].split(b";", 1)[0].strip(), 16)
-                except ValueError:
+                parsed = chunk_size(buf[pos:eol])
+                if parsed is None:
                     return self._bad_framing()
+                size = parsed
                 pos = eol + 2
                 if size == 0:
                     self._state = _TRAILER
