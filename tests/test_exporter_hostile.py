@@ -194,3 +194,13 @@ def test_a_chunk_size_that_is_not_hex_digits_is_bad_framing_never_ok(tap: tuple[
     (b"1_f", None), (b"11111111111111111", None)])
 def test_chunk_size_reads_only_hex_digits(line: bytes, size: int | None) -> None:
     assert upstream.chunk_size(line) == size
+
+
+def test_the_exporter_says_which_relay_carries_the_chunks(tap: tuple[Service, list[str]],
+                                                         request: pytest.FixtureRequest) -> None:
+    service, _ = tap
+    fast = request.node.callspec.params["tap"]  # the fixture's parameter: the compiled relay asked for
+    relay, other = ("compiled", "python") if fast else ("python", "compiled")
+    assert value(service.url, "specwatch_relay", relay=relay) == 1
+    assert value(service.url, "specwatch_relay", relay=other) == 0
+    assert f"content chunks relayed by the {relay} relay" in _log(service)

@@ -111,6 +111,8 @@ class ExporterMetrics:
         self.fast_relay_handovers = Counter("specwatch_fast_relay_handovers",
                                             "Streams handed to the compiled relay thread (one stream may be handed "
                                             "over again after a chunk it does not take).", registry=registry)
+        self.relay = Gauge("specwatch_relay", "1 for the relay that carries ordinary content chunks: compiled (the "
+                           "relay thread) or python.", ["relay"], registry=registry, multiprocess_mode="max")
         self._positions: dict[tuple[str, str, int], tuple[list[Any], list[Any]]] = {}
         self._children: dict[tuple[str, str], Children] = {}
         for task in cfg.task_labels:  # all 0 until a canary pushes a verdict

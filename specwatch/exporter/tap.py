@@ -146,8 +146,22 @@ class Tap:
         timeout = aiohttp.ClientTimeout(total=self.cfg.upstream_timeout_seconds, sock_connect=5)
         self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
                                              connector=aiohttp.TCPConnector(limit=0))
-        if self.cfg.fast_relay and fastrelay.AVAILABLE:
-            self.fast = FastRelay(asyncio.get_running_loop(), ITL_FLUSH_SECONDS)
+        self.fast, why = self._fast_relay()
+        relay = "compiled" if self.fast is not None else "python"
+        self.metrics.relay.labels(relay).set(1)
+        log.info("content chunks relayed by the %s relay%s", relay, f" ({why})" if why else "")
+
+    def _fast_relay(self) -> tuple[FastRelay | None, str]:
+        """The compiled relay thread where it is built, asked for and starts; else None, and why."""
+        if not self.cfg.fast_relay:
+            return None, "--no-fast-relay"
+        if not fastrelay.AVAILABLE:
+            return None, "the compiled relay is not built (no C compiler at install?)"
+        try:
+            return FastRelay(asyncio.get_running_loop(), ITL_FLUSH_SECONDS), ""
+        except (OSError, RuntimeError) as exc:  # its eventfd or thread did not start: Python relays everything
+            log.warning("the compiled relay did not start (%s): relaying in Python", exc)
+            return None, f"the compiled relay did not start: {exc}"
 
     async def close(self) -> None:
         for task in list(self._background):
