@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -227,7 +228,8 @@ static int take(Stream *s, double now) {
     if (out.len) {
         size_t sent = 0;
         while (sent < out.len) {
-            ssize_t w = write(s->client_fd, out.p + sent, out.len - sent);
+            /* send, not write: a client gone mid-write is EPIPE here, never a SIGPIPE for the whole process */
+            ssize_t w = send(s->client_fd, out.p + sent, out.len - sent, MSG_NOSIGNAL);
             if (w > 0) { sent += (size_t)w; continue; }
             if (w < 0 && errno == EINTR) continue;
             if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
