@@ -186,8 +186,8 @@ def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, cpu_study
     rows = yaml.safe_load((REPO / "examples" / "plans" / "cpu-study.yaml").read_text())["acceptance"]["rows"]
     run = results.load(cpu_study.run)
     assert run.design == "interleaved" and run.rounds == 4
-    ngram, truncated = run.variant("ngram"), run.variant("draft-first8")
-    assert ngram is not None and truncated is not None
+    ngram, suffix, truncated = run.variant("ngram"), run.variant("suffix"), run.variant("draft-first8")
+    assert ngram is not None and suffix is not None and truncated is not None
     code_share, chat_share = (ngram.acceptance[t].drafted_token_share for t in ("code", "chat"))
     assert code_share is not None and chat_share is not None and code_share > 2 * chat_share, (code_share, chat_share)
     for task in ("code", "chat"):
@@ -198,12 +198,12 @@ def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, cpu_study
     baseline = run.variant("baseline")
     assert baseline is not None
     differ: dict[tuple[str, str], int] = {}  # (variant, task): requests whose greedy text is not the baseline's
-    for variant in (baseline, ngram, truncated):
+    for variant in (baseline, ngram, suffix, truncated):
         for task in ("code", "chat"):
             # the pass asked for the top two logprobs: every output token came back with its runner-up
             assert all(len(o.tokens) == o.completion_tokens > 0 and all(len(t.top) == 2 for t in o.tokens)
                        for o in variant.outputs[task]), (variant.name, task)
-    for variant in (ngram, truncated):
+    for variant in (ngram, suffix, truncated):
         for task in ("code", "chat"):
             texts = {o.index: o.text for o in baseline.outputs[task]}
             assert len(variant.outputs[task]) == rows, (variant.name, task)
