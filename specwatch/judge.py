@@ -84,6 +84,12 @@ class Comparison:
     rounds: int = 1  # rounds with samples on both sides (1: not blocked)
     over_rounds: Shift | None = None  # the mean of the per-round effects, with its interval over rounds
     per_round: tuple[float, ...] = ()  # the effect in each round (a ratio, or a difference)
+    by_requests: State | None = None  # blocked: the state the interval over requests alone gives
+
+    @property
+    def rounds_disagree(self) -> bool:
+        """Blocked, decided over requests but not over rounds: the rounds' own effects spread across the band."""
+        return self.by_requests in ("high", "low") and self.state == "pass" and self.over_rounds is not None
 
     @property
     def detail(self) -> str:
@@ -171,7 +177,7 @@ def blocked(baseline: Mapping[int, Sequence[float]], candidate: Mapping[int, Seq
     state: State = by_requests if by_requests == by_rounds or not gates else "pass"
     within = inside(effect, band) and (inside(over, band) or not gates)
     return Comparison(state, scale, nb, nc, effect, cmp.p_value, *medians, cmp.p_value < rules.alpha, within,
-                      len(rounds), over, tuple(back(d) for d in per_round))
+                      len(rounds), over, tuple(back(d) for d in per_round), by_requests)
 
 
 def proportions(k_baseline: int, n_baseline: int, k_candidate: int, n_candidate: int, band: Band,

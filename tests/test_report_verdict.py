@@ -363,7 +363,7 @@ def test_50_percent_on_every_variant_of_one_round_leaves_every_verdict_as_it_was
         assert noisy.outcome == quiet.outcome, (quiet.reason, noisy.reason)
         assert quiet.outcome == {"fast": "go", "slow": "no-go", "same": "inconclusive"}[name], quiet.reason
         # the line names the drift it measured, and says the blocking cancelled it where it was beyond the tolerance
-        assert re.search(r"drift: baseline TPOT [+-]\d+ % between round \d and round \d", noisy.reason), noisy.reason
+        assert re.search(r"baseline TPOT [+-]\d+ % between round \d and round \d", noisy.reason), noisy.reason
         tpot_line = next(m for m in noisy.metrics if m.metric == "tpot")
         assert f"over {ROUNDS} rounds, n = 20 / 20" in tpot_line.text, tpot_line.text
         if "alike, beyond the tolerance" in noisy.reason:
@@ -399,3 +399,13 @@ def test_tpot_comes_from_the_servers_clock_where_both_sides_timed_every_request(
     fast.requests[TARGET]["code"][0].server = None  # one request the server did not time: both sides on the client's
     tpot = next(m for m in _one(base, fast).metrics if m.metric == "tpot")
     assert tpot.text.startswith("TPOT ") and "server clock" not in tpot.text and tpot.finding != "better", tpot.text
+
+
+def test_rounds_that_disagree_on_a_decided_effect_are_named_as_drift() -> None:
+    """A candidate faster in three rounds and slowed alone in the fourth (its block there saw a busier machine): decided
+    over requests, not over rounds; the line says the rounds disagree, as drift, and gives no GO."""
+    base = _in_rounds("baseline", 10, 0.06, 21)
+    v = _blocked(base, _in_rounds("fast", 10, 0.04, 21, slow={4: 2.2}))
+    assert v.outcome == "inconclusive", v.reason
+    assert re.match(r"the machine drifted: .*the rounds disagree on TPOT \(-\d+ % \.\. \+\d+ % by round\): no decision",
+                    v.reason), v.reason

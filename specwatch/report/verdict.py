@@ -188,28 +188,35 @@ def _gain(lines: Sequence[MetricLine]) -> bool:
     return found.get("tpot") == "better" and found.get("output_tps") == "better"
 
 
-def drifts(v: VariantResults, baseline: VariantResults, task: str, target: int, policy: policy_mod.Policy
-           ) -> tuple[Drift | None, Drift | None]:
-    """The baseline's TPOT drift against itself over the study (the A/A test, every task pooled), and the
-    candidate's over the same two rounds where there are rounds (its own largest move otherwise)."""
+@dataclass(frozen=True)
+class Drifts:
+    """The TPOT drift of each side against itself over the study (the A/A test, every task pooled)."""
+
+    base: Drift | None  # the baseline's largest move
+    cand_alongside: Drift | None  # the candidate's move between the same two rounds
+    cand: Drift | None  # the candidate's own largest move
+
+
+def drifts(v: VariantResults, baseline: VariantResults, task: str, target: int, policy: policy_mod.Policy) -> Drifts:
     tpot = band(_metric_policy(policy, "tpot"))
     clock = server_clock(v, baseline, target, task)
     base = drift(baseline, target, "tpot", tpot, clock)
     pair = (base.first, base.second) if base is not None and base.first.startswith("round") else None
-    cand = drift(v, target, "tpot", tpot, clock, pair)
-    return base, cand
+    return Drifts(base, drift(v, target, "tpot", tpot, clock, pair) if pair else None,
+                  drift(v, target, "tpot", tpot, clock))
 
 
-def _drift_reason(design: str, base: Drift | None, cand: Drift | None, decided: bool, tolerance: float
+def _drift_reason(design: str, d: Drifts, perf: Sequence[MetricLine], decided: bool, tolerance: float
                   ) -> tuple[str, bool]:
     """What the verdict's line says about drift, and whether the drift voids a decision on performance.
 
     Sequential: a baseline that moved beyond the tolerance within its window voids it (nothing can cancel it).
-    Interleaved: a baseline that moved beyond the tolerance between two rounds while the candidate, between the
+    In rounds: a baseline that moved beyond the tolerance between two rounds while the candidate, between the
     same rounds, did not move with it (`_unlike`) voids it: the blocks of those rounds saw different conditions.
-    A drift that hit both sides alike is cancelled by the blocking and named. An undecided comparison with drift
-    on either side says so first."""
-    title = TITLES["tpot"]
+    A drift that hit both sides alike is cancelled by the blocking and named. A comparison left undecided says
+    first what moved: either side beyond the tolerance, or rounds whose own effects disagree (decided over
+    requests, not over rounds: the blocks of a round saw different conditions)."""
+    title, base = TITLES["tpot"], d.base
     if design == "sequential":
         if base is None:
             return ("drift not measured (too few baseline requests); a sequential design neither sees nor cancels "
@@ -220,20 +227,24 @@ def _drift_reason(design: str, base: Drift | None, cand: Drift | None, decided: 
                 "drift between the variants' windows"), False
     if base is None:
         return "drift not measured (too few baseline requests per round)", False
+    along = d.cand_alongside
+    if base.beyond and (along is None or _unlike(base.ratio, along.ratio, tolerance)):
+        alongside = f", {along.variant} {_pct(along.ratio.estimate)} between the same rounds" if along else ""
+        return (f"the machine drifted: {base.text(title)}{alongside}: the blocks of those rounds saw different "
+                "conditions"), True
+    if not decided:
+        moved = [x.text(title) for x in (base, d.cand) if x is not None and x.beyond]
+        moved += [f"the rounds disagree on {TITLES[m.metric]} ({_pct(min(m.comparison.per_round))} .. "
+                  f"{_pct(max(m.comparison.per_round))} by round)" for m in perf
+                  if m.metric in DECIDING and m.comparison is not None and m.comparison.rounds_disagree]
+        if moved:
+            named = "" if base.beyond else f" (baseline {base.text(title).partition(' ')[2]}, within the tolerance)"
+            return f"the machine drifted: {'; '.join(moved)}: no decision{named}", False
     if base.beyond:
-        if cand is None or _unlike(base.ratio, cand.ratio, tolerance):
-            alongside = f", {cand.variant} {_signed(cand.ratio.estimate)} between the same rounds" if cand else ""
-            return (f"the machine drifted: {base.text(title)}{alongside}: the blocks of those rounds saw different "
-                    "conditions"), True
-        return (f"drift: {base.text(title)} and {cand.variant} {_signed(cand.ratio.estimate)} alike, beyond the "
+        assert along is not None
+        return (f"drift: {base.text(title)} and {along.variant} {_pct(along.ratio.estimate)} alike, beyond the "
                 "tolerance; compared within rounds, the blocking cancels it"), False
-    if not decided and cand is not None and cand.beyond:
-        return f"the machine drifted: {cand.text(title)}; the rounds disagree, so no decision", False
     return f"drift: {base.text(title)} over {base.parts} rounds, within the tolerance", False
-
-
-def _signed(ratio: float) -> str:
-    return _pct(ratio)
 
 
 def _unlike(base: Shift, cand: Shift, tolerance: float) -> bool:
@@ -255,7 +266,7 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
     reasons.append(f"at concurrency {target}: " + "; ".join(m.text for m in perf))
     worse = [TITLES[m.metric] for m in perf if m.finding == "worse" and m.metric in DECIDING]
     decided = bool(worse) or _gain(perf)
-    drift_text, void = _drift_reason(design, *drifts(v, baseline, task, target, policy), decided,
+    drift_text, void = _drift_reason(design, drifts(v, baseline, task, target, policy), perf, decided,
                                      _metric_policy(policy, "tpot").allowed_increase)
     if void:
         worse = []
