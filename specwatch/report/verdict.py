@@ -20,7 +20,13 @@ The verdict:
   baseline", with evidence) and nothing for a NO-GO.
 - INCONCLUSIVE: anything else. Fewer samples than the judge's minimum (the canary's
   `insufficient`) never gives a GO or a NO-GO on performance; nor does a change within the
-  tolerance (the canary's `pass`); nor a missing baseline.
+  tolerance (the canary's `pass`) or an interval that reaches beyond it ("undecided"); nor a
+  missing baseline; nor a machine that drifted in a way the design cannot cancel.
+
+In rounds (an interleaved or bracketed study) each metric is compared within rounds
+(`specwatch.judge.blocked`: an interval over requests and one over rounds). Every line names the
+baseline's drift against itself over the study (`specwatch.report.drift`); `_drift_reason` says
+when that drift voids a decision and when the blocking cancelled it.
 Reasons name the article's two traps: gains only at concurrencies below the target, and high
 acceptance (exact C / D >= 60 %) without an end-to-end gain.
 """
@@ -206,8 +212,16 @@ def drifts(v: VariantResults, baseline: VariantResults, task: str, target: int, 
                   drift(v, target, "tpot", tpot, clock))
 
 
-def _drift_reason(design: str, d: Drifts, perf: Sequence[MetricLine], decided: bool, tolerance: float
-                  ) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class DriftNote:
+    """What a verdict's line says about drift."""
+
+    text: str
+    voids: bool = False  # the design cannot cancel it: no GO or NO-GO on performance
+    first: bool = False  # it explains the verdict: said before the figures
+
+
+def _drift_reason(design: str, d: Drifts, perf: Sequence[MetricLine], decided: bool, tolerance: float) -> DriftNote:
     """What the verdict's line says about drift, and whether the drift voids a decision on performance.
 
     Sequential: a baseline that moved beyond the tolerance within its window voids it (nothing can cancel it).
@@ -219,19 +233,20 @@ def _drift_reason(design: str, d: Drifts, perf: Sequence[MetricLine], decided: b
     title, base = TITLES["tpot"], d.base
     if design == "sequential":
         if base is None:
-            return ("drift not measured (too few baseline requests); a sequential design neither sees nor cancels "
-                    "drift between the variants' windows"), False
+            return DriftNote("drift not measured (too few baseline requests); a sequential design neither sees nor "
+                             "cancels drift between the variants' windows")
         if base.beyond:
-            return f"the machine drifted: {base.text(title)}; a sequential design cannot cancel it", True
-        return (f"drift: {base.text(title)}, within the tolerance; a sequential design neither sees nor cancels "
-                "drift between the variants' windows"), False
+            return DriftNote(f"the machine drifted: {base.text(title)}; a sequential design cannot cancel it",
+                             voids=True, first=True)
+        return DriftNote(f"drift: {base.text(title)}, within the tolerance; a sequential design neither sees nor "
+                         "cancels drift between the variants' windows")
     if base is None:
-        return "drift not measured (too few baseline requests per round)", False
+        return DriftNote("drift not measured (too few baseline requests per round)")
     along = d.cand_alongside
     if base.beyond and (along is None or _unlike(base.ratio, along.ratio, tolerance)):
         alongside = f", {along.variant} {_pct(along.ratio.estimate)} between the same rounds" if along else ""
-        return (f"the machine drifted: {base.text(title)}{alongside}: the blocks of those rounds saw different "
-                "conditions"), True
+        return DriftNote(f"the machine drifted: {base.text(title)}{alongside}: the blocks of those rounds saw "
+                         "different conditions", voids=True, first=True)
     if not decided:
         moved = [x.text(title) for x in (base, d.cand) if x is not None and x.beyond]
         moved += [f"the rounds disagree on {TITLES[m.metric]} ({_pct(min(m.comparison.per_round))} .. "
@@ -239,12 +254,12 @@ def _drift_reason(design: str, d: Drifts, perf: Sequence[MetricLine], decided: b
                   if m.metric in DECIDING and m.comparison is not None and m.comparison.rounds_disagree]
         if moved:
             named = "" if base.beyond else f" (baseline {base.text(title).partition(' ')[2]}, within the tolerance)"
-            return f"the machine drifted: {'; '.join(moved)}: no decision{named}", False
+            return DriftNote(f"the machine drifted: {'; '.join(moved)}: no decision{named}", first=True)
     if base.beyond:
         assert along is not None
-        return (f"drift: {base.text(title)} and {along.variant} {_pct(along.ratio.estimate)} alike, beyond the "
-                "tolerance; compared within rounds, the blocking cancels it"), False
-    return f"drift: {base.text(title)} over {base.parts} rounds, within the tolerance", False
+        return DriftNote(f"drift: {base.text(title)} and {along.variant} {_pct(along.ratio.estimate)} alike, beyond "
+                         "the tolerance; compared within rounds, the blocking cancels it")
+    return DriftNote(f"drift: {base.text(title)} over {base.parts} rounds, within the tolerance")
 
 
 def _unlike(base: Shift, cand: Shift, tolerance: float) -> bool:
@@ -266,15 +281,12 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
     reasons.append(f"at concurrency {target}: " + "; ".join(m.text for m in perf))
     worse = [TITLES[m.metric] for m in perf if m.finding == "worse" and m.metric in DECIDING]
     decided = bool(worse) or _gain(perf)
-    drift_text, void = _drift_reason(design, drifts(v, baseline, task, target, policy), perf, decided,
-                                     _metric_policy(policy, "tpot").allowed_increase)
+    note = _drift_reason(design, drifts(v, baseline, task, target, policy), perf, decided,
+                         _metric_policy(policy, "tpot").allowed_increase)
+    void = note.voids
     if void:
         worse = []
-        reasons.insert(0, drift_text)
-    elif drift_text.startswith("the machine drifted"):
-        reasons.insert(0, drift_text)
-    else:
-        reasons.append(drift_text)
+    reasons.insert(0 if note.first else len(reasons), note.text)
     if worse:
         no_go = True
         reasons.append(f"{' and '.join(worse)} worse than the baseline beyond the tolerance")
