@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import random
 import select
 import socket
 import time
@@ -72,10 +73,12 @@ def done_fd() -> int:
     return int(relay.init())
 
 
-def start(pair: Pair, last_token: float, max_seconds: float = 10.0) -> object:
+def start(pair: Pair, last_token: float, max_seconds: float = 10.0) -> int:
     prefix, suffix = shape()
-    return relay.start(7, pair.up_thread.fileno(), pair.client_thread.fileno(), prefix, suffix, BOUNDS, last_token,
-                       max_seconds)
+    ident = relay.start(pair.up_thread.fileno(), pair.client_thread.fileno(), prefix, suffix, BOUNDS, last_token,
+                        max_seconds)
+    assert isinstance(ident, int)
+    return ident
 
 
 def back(done_fd: int, timeout: float = 5.0) -> tuple:
@@ -100,7 +103,7 @@ def read_exactly(sock: socket.socket, n: int) -> bytes:
 
 def test_ordinary_chunks_are_relayed_reframed_and_counted_until_the_finish_chunk(pair: Pair, done_fd: int) -> None:
     before = time.perf_counter()
-    start(pair, before)
+    handed = start(pair, before)
     texts = ["Hello", " world", ",", " again"]
     for text in texts:
         pair.up_test.sendall(framed(event(text)))
@@ -110,7 +113,7 @@ def test_ordinary_chunks_are_relayed_reframed_and_counted_until_the_finish_chunk
     got = read_exactly(pair.client_test, sum(len(framed(event(t))) for t in texts))
     assert got == b"".join(framed(event(t)) for t in texts)  # the same chunks, framed for the client
     ident, reason, _, unread, unsent, segments, counts, gap_sum, last_token, tokens = back(done_fd)
-    assert (ident, reason, unread, unsent, tokens) == (7, fastrelay.UNUSUAL, rest, b"", 4)
+    assert (ident, reason, unread, unsent, tokens) == (handed, fastrelay.UNUSUAL, rest, b"", 4)
     assert segments == [("".join(texts).encode(), True)]  # plain ASCII runs merge into one segment
     assert sum(counts) == 4 and counts[0] <= 1 and counts[2] >= 3  # ~20 ms gaps: the (0.01, 0.1] bucket
     assert 0.05 < gap_sum < 2 and before < last_token <= time.perf_counter()
@@ -205,3 +208,161 @@ def test_a_stream_held_longer_than_max_seconds_comes_back_to_flush_its_gaps(pair
     pair.up_test.sendall(framed(event("b")))
     result = back(done_fd)
     assert result[1] == fastrelay.FLUSH and result[9] == 2 and result[3] == b""
+
+
+def test_ids_are_the_only_handles_and_an_unknown_one_is_an_error(pair: Pair, done_fd: int) -> None:
+    with pytest.raises(KeyError, match="no stream 123456789"):
+        relay.cancel(123456789)  # never handed over: an error, not a dereference
+    ident = start(pair, time.perf_counter())
+    assert relay.cancel(ident) is not None
+    with pytest.raises(KeyError):
+        relay.cancel(ident)  # taken back once: the id is gone
+    ident = start(pair, time.perf_counter())
+    pair.up_test.shutdown(socket.SHUT_WR)  # handed back (EOF), not drained yet: known, its result queued
+    assert select.select([done_fd], [], [], 5)[0], "the thread did not hand the stream back"
+    assert relay.cancel(ident) is None
+    assert back(done_fd)[0] == ident
+    with pytest.raises(KeyError):
+        relay.cancel(ident)
+
+
+def test_the_loop_side_refuses_to_take_back_an_id_it_did_not_hand_over() -> None:
+    import asyncio
+
+    async def main() -> None:
+        fast = fastrelay.FastRelay(asyncio.get_running_loop(), 1.0)
+        try:
+            with pytest.raises(KeyError, match="not held by the relay thread"):
+                fast.take_back(42)
+        finally:
+            fast.close()
+
+    asyncio.run(main())
+
+
+def back_through_memory_errors(done_fd: int, timeout: float = 5.0) -> tuple:
+    """`back`, where building the result may fail for want of memory: it stays queued and is signalled again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        select.select([done_fd], [], [], 0.2)
+        try:
+            results = relay.done()
+        except MemoryError:
+            continue
+        if results:
+            assert len(results) == 1, results
+            return tuple(results[0])
+    raise AssertionError("the thread handed nothing back")
+
+
+@pytest.mark.parametrize("nth", range(1, 19))  # 18: the result; from 19 on nothing fails
+def test_every_allocation_failure_hands_the_stream_back_with_all_its_bytes(pair: Pair, done_fd: int, nth: int) -> None:
+    """The n-th allocation from the hand-over on fails (the stream's own, its buffers as they grow, the result):
+    whatever fails, the stream comes back, and what reached the client, what came back unsent and unread, and
+    what is still in the socket are the stream, byte for byte; the texts counted are those of the chunks sent."""
+    texts = [f"t{i}-" * (1 + i * 40) for i in range(24)]  # growing chunks: the buffers grow and reallocate
+    chunks = [framed(event(t)) for t in texts]
+    stream = b"".join(chunks) + framed(event(finish="stop"))
+    relay._fail_allocation(nth)
+    try:
+        try:
+            ident = start(pair, time.perf_counter())
+        except MemoryError:
+            return  # refused at the hand-over: the tap relays this stream in Python (tests/test_exporter_fastpath.py)
+        pair.up_test.sendall(stream)
+        result = back_through_memory_errors(done_fd)
+    finally:
+        relay._fail_allocation(0)
+    assert result[0] == ident
+    pair.client_test.setblocking(False)
+    pair.up_test.shutdown(socket.SHUT_WR)
+    got, unread, unsent = drain(pair.client_test), result[3], result[4]
+    assert got + unsent + unread + drain(pair.up_thread) == stream
+    taken = len(got + unsent)
+    sent = [c for c in chunks if sum(map(len, chunks[:chunks.index(c) + 1])) <= taken]
+    assert got + unsent == b"".join(sent)  # whole chunks only
+    assert b"".join(t for t, _ in result[5]) == "".join(texts[:len(sent)]).encode() and result[9] == len(sent)
+
+
+def test_a_result_without_memory_stays_queued_and_comes_back_at_the_next_call(pair: Pair, done_fd: int) -> None:
+    ident = start(pair, time.perf_counter())
+    pair.up_test.sendall(framed(event("kept")) + framed(event(finish="stop")))
+    assert select.select([done_fd], [], [], 5)[0]
+    relay._fail_allocation(1)
+    try:
+        with pytest.raises(MemoryError):
+            relay.done()
+    finally:
+        relay._fail_allocation(0)
+    assert select.select([done_fd], [], [], 0)[0], "signalled again"
+    result = back(done_fd)
+    assert result[0] == ident and result[5] == [(b"kept", True)]
+
+
+def test_cancel_racing_the_hand_back_returns_each_stream_exactly_once_with_its_bytes(done_fd: int) -> None:
+    """A take-back at every moment of a hand-back (the thread reading, writing, queueing the stream): each stream
+    comes back once, by `cancel` or by `done`, and its bytes add up."""
+    rng = random.Random(3)
+    stream = b"".join(framed(event(f"w{i} ")) for i in range(30)) + framed(event(finish="stop"))
+    ways = {"cancel": 0, "done": 0}
+    for _ in range(600):
+        pair = Pair()
+        try:
+            ident = start(pair, time.perf_counter())
+            pair.up_test.sendall(stream)
+            spin = rng.randrange(0, 3000)
+            while spin:  # a spread of moments, from before the first read to after the hand-back
+                spin -= 1
+            result = relay.cancel(ident)
+            if result is None:
+                ways["done"] += 1
+                result = back(done_fd)
+            else:
+                ways["cancel"] += 1
+            assert result[0] == ident
+            with pytest.raises(KeyError):
+                relay.cancel(ident)
+            pair.client_test.setblocking(False)
+            pair.up_test.shutdown(socket.SHUT_WR)
+            assert drain(pair.client_test) + result[4] + result[3] + drain(pair.up_thread) == stream
+        finally:
+            pair.close()
+    select.select([done_fd], [], [], 0.05)
+    assert relay.done() == []  # nothing came back twice
+    assert ways["cancel"] and ways["done"], ways  # both sides of the race were reached
+
+
+FAILED_START = """
+import json, os, resource
+from specwatch.exporter import _fastrelay as relay
+free = 0
+while os.path.exists(f"/proc/self/fd/{free}"):
+    free += 1
+resource.setrlimit(resource.RLIMIT_NOFILE, (free + 1, 4096))  # room for the epoll set, none for the eventfd
+out = {"before": len(os.listdir("/proc/self/fd"))}
+try:
+    relay.init()
+except OSError as exc:
+    out["init"] = str(exc)
+try:
+    relay.start(0, 1, b"", b"", (1.0,), 0.0, 1.0)
+except RuntimeError as exc:
+    out["start"] = str(exc)
+out["fds"] = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+out["again"] = relay.init() >= 0
+print(json.dumps(out))
+"""
+
+
+def test_a_failed_start_leaves_nothing_half_started_and_a_later_init_works() -> None:
+    """No eventfd (out of descriptors): init raises, closes the epoll set it made, start refuses; init works later."""
+    import subprocess
+    import sys
+
+    found = subprocess.run([sys.executable, "-c", FAILED_START], capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    out = json.loads(found.stdout)
+    assert "Too many open files" in out["init"] and "init() first" in out["start"], out
+    assert out["fds"] == out["before"], "the epoll set made before the failure is closed"
+    assert out["again"] is True

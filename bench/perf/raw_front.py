@@ -23,7 +23,8 @@ from urllib.parse import urlsplit
 import uvloop
 from aiohttp import web
 
-from specwatch.exporter.tap import HOP_BY_HOP, _HeldHeadersResponse, forward_header_lines
+from specwatch.exporter.compat import HeldHeadersResponse, send_with_held_headers
+from specwatch.exporter.tap import HOP_BY_HOP, forward_header_lines
 from specwatch.exporter.upstream import Pool, request_bytes
 
 
@@ -98,7 +99,7 @@ def aiohttp_app(pool: Pool, host: str, port: int) -> web.Application:
         conn.send(request_bytes(request.method, request.path_qs, host, port, headers, body))
         assert conn.head is not None and conn.ended is not None
         head = await conn.head
-        response = _HeldHeadersResponse(status=head.status, reason=head.reason, headers={  # as the tap's
+        response = HeldHeadersResponse(status=head.status, reason=head.reason, headers={  # as the tap's
             k: v for k, v in head.headers.items() if k.lower() not in HOP_BY_HOP})
         await response.prepare(request)
         transport = request.transport
@@ -106,9 +107,7 @@ def aiohttp_app(pool: Pool, host: str, port: int) -> web.Application:
         writer = response._payload_writer
 
         def sink(chunk: bytes) -> None:  # as the tap does: the headers leave with the first body bytes
-            if writer is not None and writer._headers_buf:  # type: ignore[attr-defined]
-                writer._send_headers_with_payload(chunk, False)  # type: ignore[attr-defined]
-            else:
+            if not send_with_held_headers(writer, chunk):
                 transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
 
         conn.attach(sink)

@@ -31,6 +31,7 @@
 
 #define MAX_CHUNK (256 * 1024)       /* a bigger HTTP chunk goes back to Python */
 #define READ_SIZE (64 * 1024)
+#define TABLE_SIZE 4096              /* buckets of the id table (chained): streams held at once, any number */
 
 enum { ACTIVE = 0, R_UNUSUAL = 1, R_EOF = 2, R_CLIENT = 3, R_PARTIAL = 4, R_FLUSH = 5, R_CANCELLED = 6 };
 
@@ -38,6 +39,10 @@ typedef struct { char *p; size_t len, cap; } Buf;
 
 typedef struct Seg { size_t off, len; int plain; } Seg;
 
+/* A stream the thread holds. Ownership, in one place: from `start` until the loop gets its result (from
+ * `done` or `cancel`), the thread is the only reader of `up_fd` and the only writer of `client_fd`; the loop
+ * has paused both. The loop names a stream by its id only: no pointer crosses into Python, and an id the
+ * table does not hold is an error, never a dereference. */
 typedef struct Stream {
     long long id;
     int up_fd, client_fd;
@@ -49,22 +54,48 @@ typedef struct Stream {
     double gap_sum, last_ts, since, max_seconds;
     long long tokens;
     int state, err, busy;
-    long long dead_gen;
-    Buf in, text, pending;
+    Buf in, text, pending;   /* unread bytes; the text bodies; the chunks re-framed for the client, unsent */
     Seg *segs;
     size_t nsegs, capsegs;
-    struct Stream *next;   /* done queue, or graveyard */
+    struct Stream *next;     /* the done queue */
+    struct Stream *hnext;    /* the id table's chain */
 } Stream;
 
-/* `lock` guards the stream states, the queues and the epoll set; the thread holds it only between streams,
- * never across a read or a write, so the event loop's calls wait at most for one stream's processing
- * (`busy`, signalled on `idle`). */
+/* `lock` guards the stream states, the id table, the done queue and the epoll set; the thread holds it only
+ * between streams, never across a read or a write, so the event loop's calls wait at most for one stream's
+ * processing (`busy`, signalled on `idle`). */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
 static int epfd = -1, donefd = -1;
 static pthread_t thread;
-static Stream *done_head = NULL, *done_tail = NULL, *graveyard = NULL;
-static long long batch_no = 0;
+static Stream *done_head = NULL, *done_tail = NULL;
+static Stream *table[TABLE_SIZE];
+static long long next_id = 1;
+
+/* Allocation-failure injection for the tests (`_fail_allocation`): the n-th allocation from now fails. */
+static long fail_countdown = 0;
+
+static int allocation_fails(void) {
+    long left = __atomic_load_n(&fail_countdown, __ATOMIC_RELAXED);
+    if (left <= 0) return 0;
+    return __atomic_sub_fetch(&fail_countdown, 1, __ATOMIC_RELAXED) == 0;
+}
+
+static void *xrealloc(void *p, size_t n) { return allocation_fails() ? NULL : realloc(p, n); }
+static void *xmalloc(size_t n) { return allocation_fails() ? NULL : malloc(n); }
+static void *xcalloc(size_t n, size_t size) { return allocation_fails() ? NULL : calloc(n, size); }
+
+static Stream *find(long long id) {
+    for (Stream *s = table[(unsigned long long)id % TABLE_SIZE]; s; s = s->hnext)
+        if (s->id == id) return s;
+    return NULL;
+}
+
+static void forget(Stream *s) {
+    Stream **at = &table[(unsigned long long)s->id % TABLE_SIZE];
+    while (*at != s) at = &(*at)->hnext;
+    *at = s->hnext;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -72,18 +103,22 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int buf_add(Buf *b, const char *p, size_t n) {
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) return -1;
-        b->p = q;
-        b->cap = cap;
-    }
+/* Room for `n` more bytes; nothing changes where the allocation fails (-1). */
+static int buf_reserve(Buf *b, size_t n) {
+    if (b->len + n <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + n) cap *= 2;
+    char *q = xrealloc(b->p, cap);
+    if (!q) return -1;
+    b->p = q;
+    b->cap = cap;
+    return 0;
+}
+
+/* Append into room reserved before. */
+static void buf_put(Buf *b, const char *p, size_t n) {
     memcpy(b->p + b->len, p, n);
     b->len += n;
-    return 0;
 }
 
 static void stream_free(Stream *s) {
@@ -139,25 +174,29 @@ static int body_class(const unsigned char *p, size_t n) {
     return plain ? 1 : 2;
 }
 
-static int add_seg(Stream *s, const char *p, size_t n, int plain) {
-    if (plain && s->nsegs && s->segs[s->nsegs - 1].plain && s->segs[s->nsegs - 1].off + s->segs[s->nsegs - 1].len ==
-        s->text.len) {
-        s->segs[s->nsegs - 1].len += n;  /* plain runs merge: one hash update for them */
-    } else {
-        if (s->nsegs == s->capsegs) {
-            size_t cap = s->capsegs ? s->capsegs * 2 : 16;
-            Seg *q = realloc(s->segs, cap * sizeof(Seg));
-            if (!q) return -1;
-            s->segs = q;
-            s->capsegs = cap;
-        }
-        s->segs[s->nsegs++] = (Seg){s->text.len, n, plain};
+/* Room for one more text segment of `n` bytes; nothing changes where an allocation fails (-1). */
+static int reserve_seg(Stream *s, size_t n) {
+    if (s->nsegs == s->capsegs) {
+        size_t cap = s->capsegs ? s->capsegs * 2 : 16;
+        Seg *q = xrealloc(s->segs, cap * sizeof(Seg));
+        if (!q) return -1;
+        s->segs = q;
+        s->capsegs = cap;
     }
-    return buf_add(&s->text, p, n);
+    return buf_reserve(&s->text, n);
+}
+
+static void put_seg(Stream *s, const char *p, size_t n, int plain) {
+    Seg *last = s->nsegs ? &s->segs[s->nsegs - 1] : NULL;
+    if (plain && last && last->plain && last->off + last->len == s->text.len)
+        last->len += n;  /* plain runs merge: one hash update for them */
+    else
+        s->segs[s->nsegs++] = (Seg){s->text.len, n, plain};
+    buf_put(&s->text, p, n);
 }
 
 static void hand_back(Stream *s, int reason) {
-    /* under the lock, on the relay thread: no more reads of this stream here */
+    /* under the lock: no more reads of this stream here; it stays in the id table until the loop has its result */
     epoll_ctl(epfd, EPOLL_CTL_DEL, s->up_fd, NULL);
     s->state = reason;
     s->next = NULL;
@@ -165,15 +204,39 @@ static void hand_back(Stream *s, int reason) {
     done_tail = s;
     uint64_t one = 1;
     ssize_t w = write(donefd, &one, sizeof one);
-    (void)w;
+    (void)w;  /* the eventfd's counter cannot overflow at one write per stream */
+}
+
+/* Write s->pending to the client; what does not go stays in s->pending. Returns ACTIVE, or why the stream
+ * goes back (the client is slow, or gone). */
+static int send_pending(Stream *s) {
+    size_t sent = 0;
+    int reason = ACTIVE;
+    while (sent < s->pending.len) {
+        /* send, not write: a client gone mid-write is EPIPE here, never a SIGPIPE for the whole process */
+        ssize_t w = send(s->client_fd, s->pending.p + sent, s->pending.len - sent, MSG_NOSIGNAL);
+        if (w > 0) { sent += (size_t)w; continue; }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            reason = R_PARTIAL;
+        } else {
+            s->err = w < 0 ? errno : EPIPE;
+            reason = R_CLIENT;
+        }
+        break;
+    }
+    memmove(s->pending.p, s->pending.p + sent, s->pending.len - sent);
+    s->pending.len -= sent;
+    return reason;
 }
 
 /* Take the whole chunks in s->in that are ordinary content events; write them to the client.
- * Returns ACTIVE to keep reading, or the reason to hand the stream back. */
+ * Returns ACTIVE to keep reading, or the reason to hand the stream back. A chunk is taken whole or not at
+ * all: its room in every buffer is reserved before anything is counted, so an allocation failure leaves it
+ * unread, for Python. */
 static int take(Stream *s, double now) {
     const char *b = s->in.p;
     size_t n = s->in.len, pos = 0;
-    Buf out = {0};
     int reason = ACTIVE;
     while (pos < n) {
         size_t left = n - pos, eol = 0;
@@ -206,8 +269,13 @@ static int take(Stream *s, double now) {
         size_t blen = size - fixed;
         int cls = body_class((const unsigned char *)body, blen);
         if (cls == 0) { reason = R_UNUSUAL; break; }
+        char head[24];
+        int hl = snprintf(head, sizeof head, "%zx\r\n", size);
+        if (buf_reserve(&s->pending, (size_t)hl + size + 2) < 0 || (blen && reserve_seg(s, blen) < 0)) {
+            reason = R_UNUSUAL; break;                   /* no room: this chunk and the rest go back unread */
+        }
         if (blen) {
-            if (add_seg(s, body, blen, cls == 1) < 0) { reason = R_UNUSUAL; break; }
+            put_seg(s, body, blen, cls == 1);
             double gap = now - s->last_ts;
             int lo = 0, hi = s->nb - 1;                  /* bisect_left: the first bound >= gap */
             while (lo < hi) { int mid = (lo + hi) / 2; if (s->bounds[mid] < gap) lo = mid + 1; else hi = mid; }
@@ -216,33 +284,17 @@ static int take(Stream *s, double now) {
             s->last_ts = now;
             s->tokens += 1;
         }
-        char head[24];
-        int hl = snprintf(head, sizeof head, "%zx\r\n", size);
-        if (buf_add(&out, head, (size_t)hl) < 0 || buf_add(&out, payload, size) < 0 || buf_add(&out, "\r\n", 2) < 0) {
-            reason = R_UNUSUAL; break;
-        }
+        buf_put(&s->pending, head, (size_t)hl);
+        buf_put(&s->pending, payload, size);
+        buf_put(&s->pending, "\r\n", 2);
         pos += need;
     }
-    /* what was taken goes to the client now; the rest stays in s->in (a partial chunk, or from the
-     * chunk not taken onwards) */
-    if (out.len) {
-        size_t sent = 0;
-        while (sent < out.len) {
-            /* send, not write: a client gone mid-write is EPIPE here, never a SIGPIPE for the whole process */
-            ssize_t w = send(s->client_fd, out.p + sent, out.len - sent, MSG_NOSIGNAL);
-            if (w > 0) { sent += (size_t)w; continue; }
-            if (w < 0 && errno == EINTR) continue;
-            if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                if (reason == ACTIVE) reason = R_PARTIAL;
-            } else {
-                s->err = errno;
-                reason = R_CLIENT;
-            }
-            buf_add(&s->pending, out.p + sent, out.len - sent);
-            break;
-        }
+    /* what was taken goes to the client now; the rest stays in s->in (a partial chunk, or from the chunk not
+     * taken onwards) */
+    if (s->pending.len) {
+        int sending = send_pending(s);
+        if (sending == R_CLIENT || (sending == R_PARTIAL && reason == ACTIVE)) reason = sending;
     }
-    free(out.p);
     if (pos) {
         memmove(s->in.p, s->in.p + pos, n - pos);
         s->in.len = n - pos;
@@ -252,13 +304,14 @@ static int take(Stream *s, double now) {
     return reason;
 }
 
-/* One readable stream, without the lock (the stream is `busy`): ACTIVE, or why it goes back. */
+/* One readable stream, without the lock (the stream is `busy`): ACTIVE, or why it goes back. The read lands
+ * in room reserved first, so no byte read is ever lost to an allocation failure. */
 static int on_readable(Stream *s) {
-    char chunk[READ_SIZE];
-    ssize_t r = read(s->up_fd, chunk, sizeof chunk);
+    if (buf_reserve(&s->in, READ_SIZE) < 0) return R_UNUSUAL;  /* nothing read: Python reads it */
+    ssize_t r = read(s->up_fd, s->in.p + s->in.len, READ_SIZE);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return ACTIVE;
     if (r <= 0) return R_EOF;       /* EOF or an error: left unread for Python, whose read sees it again */
-    if (buf_add(&s->in, chunk, (size_t)r) < 0) return R_UNUSUAL;
+    s->in.len += (size_t)r;
     return take(s, now_s());
 }
 
@@ -269,10 +322,10 @@ static void *run(void *arg) {
         int n = epoll_wait(epfd, events, 256, -1);
         if (n < 0) { if (errno == EINTR) continue; return NULL; }
         pthread_mutex_lock(&lock);
-        batch_no += 1;
         for (int i = 0; i < n; i++) {
-            Stream *s = events[i].data.ptr;
-            if (s->state != ACTIVE) continue;  /* taken back by the loop meanwhile */
+            /* by id: a stream the loop took back meanwhile is gone from the table (an event may still name it) */
+            Stream *s = find((long long)events[i].data.u64);
+            if (!s || s->state != ACTIVE) continue;
             s->busy = 1;
             pthread_mutex_unlock(&lock);
             int reason = on_readable(s);
@@ -280,11 +333,6 @@ static void *run(void *arg) {
             s->busy = 0;
             if (reason != ACTIVE) hand_back(s, reason);
             pthread_cond_broadcast(&idle);
-        }
-        Stream **at = &graveyard;    /* streams cancelled two batches ago: no event can name them now */
-        while (*at) {
-            Stream *s = *at;
-            if (batch_no >= s->dead_gen + 2) { *at = s->next; stream_free(s); } else at = &s->next;
         }
         pthread_mutex_unlock(&lock);
     }
@@ -294,25 +342,37 @@ static void *run(void *arg) {
 
 static pid_t owner = 0;
 
+static void close_relay_fds(void) {
+    if (epfd >= 0) close(epfd);
+    if (donefd >= 0) close(donefd);
+    epfd = donefd = -1;
+}
+
+/* init() -> the eventfd to watch. A failure (no eventfd, no thread) leaves nothing half started: the
+ * descriptors are closed, `start` refuses, and the tap relays in Python. */
 static PyObject *py_init(PyObject *self, PyObject *args) {
     (void)self; (void)args;
     if (epfd >= 0 && owner == getpid()) return PyLong_FromLong(donefd);
     if (epfd >= 0) {  /* a forked child: the parent's thread did not come along; start afresh */
-        close(epfd);
-        close(donefd);
-        done_head = done_tail = graveyard = NULL;  /* the parent's streams, not ours (leaked, not freed) */
+        close_relay_fds();
+        done_head = done_tail = NULL;  /* the parent's streams, not ours (leaked, not freed) */
+        memset(table, 0, sizeof table);
         pthread_mutex_init(&lock, NULL);
         pthread_cond_init(&idle, NULL);
     }
-    owner = getpid();
     epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (epfd < 0) { PyErr_SetFromErrno(PyExc_OSError); close_relay_fds(); return NULL; }
     donefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (epfd < 0 || donefd < 0) return PyErr_SetFromErrno(PyExc_OSError);
-    if (pthread_create(&thread, NULL, run, NULL) != 0) {
-        PyErr_SetString(PyExc_OSError, "fastrelay: cannot start the relay thread");
+    if (donefd < 0) { PyErr_SetFromErrno(PyExc_OSError); close_relay_fds(); return NULL; }
+    int rc = pthread_create(&thread, NULL, run, NULL);
+    if (rc != 0) {
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        close_relay_fds();
         return NULL;
     }
     pthread_detach(thread);
+    owner = getpid();
     return PyLong_FromLong(donefd);
 }
 
@@ -320,75 +380,93 @@ static char *copy_bytes(PyObject *b, size_t *len) {
     char *p;
     Py_ssize_t n;
     if (PyBytes_AsStringAndSize(b, &p, &n) < 0) return NULL;
-    char *q = malloc(n ? (size_t)n : 1);
+    char *q = xmalloc(n ? (size_t)n : 1);
     if (q) memcpy(q, p, (size_t)n);
     *len = (size_t)n;
     return q;
 }
 
-/* start(id, up_fd, client_fd, prefix, suffix, bounds: tuple[float], last_ts, max_seconds) -> handle */
+/* start(up_fd, client_fd, prefix, suffix, bounds: tuple[float], last_ts, max_seconds) -> the stream's id */
 static PyObject *py_start(PyObject *self, PyObject *args) {
     (void)self;
-    long long id;
     int up_fd, client_fd;
     PyObject *prefix, *suffix, *bounds;
     double last_ts, max_seconds;
-    if (!PyArg_ParseTuple(args, "LiiSSO!dd", &id, &up_fd, &client_fd, &prefix, &suffix, &PyTuple_Type, &bounds,
+    if (!PyArg_ParseTuple(args, "iiSSO!dd", &up_fd, &client_fd, &prefix, &suffix, &PyTuple_Type, &bounds,
                           &last_ts, &max_seconds))
         return NULL;
-    if (epfd < 0) { PyErr_SetString(PyExc_RuntimeError, "fastrelay: init() first"); return NULL; }
-    Stream *s = calloc(1, sizeof *s);
-    if (!s) return PyErr_NoMemory();
-    s->id = id; s->up_fd = up_fd; s->client_fd = client_fd;
-    s->last_ts = last_ts; s->since = now_s(); s->max_seconds = max_seconds;
-    s->prefix = copy_bytes(prefix, &s->lp);
-    s->suffix = copy_bytes(suffix, &s->ls);
-    Py_ssize_t nb = PyTuple_Size(bounds);
-    s->nb = (int)nb;
-    s->bounds = malloc((size_t)(nb > 0 ? nb : 1) * sizeof(double));
-    s->counts = calloc((size_t)(nb > 0 ? nb : 1), sizeof(long long));
-    if (!s->prefix || !s->suffix || !s->bounds || !s->counts || nb < 1) {
-        stream_free(s);
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fastrelay: bad arguments");
+    if (epfd < 0 || owner != getpid()) {
+        PyErr_SetString(PyExc_RuntimeError, "fastrelay: init() first");
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < nb; i++) {
-        s->bounds[i] = PyFloat_AsDouble(PyTuple_GetItem(bounds, i));
+    Py_ssize_t nb = PyTuple_Size(bounds);
+    if (nb < 1 || nb > 1024) { PyErr_SetString(PyExc_ValueError, "fastrelay: 1 to 1024 bounds"); return NULL; }
+    Stream *s = xcalloc(1, sizeof *s);
+    if (!s) return PyErr_NoMemory();
+    s->up_fd = up_fd; s->client_fd = client_fd;
+    s->last_ts = last_ts; s->since = now_s(); s->max_seconds = max_seconds;
+    s->nb = (int)nb;
+    s->prefix = copy_bytes(prefix, &s->lp);
+    s->suffix = copy_bytes(suffix, &s->ls);
+    s->bounds = xmalloc((size_t)nb * sizeof(double));
+    s->counts = xcalloc((size_t)nb, sizeof(long long));
+    if (!s->prefix || !s->suffix || !s->bounds || !s->counts) {
+        stream_free(s);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
+    for (Py_ssize_t i = 0; i < nb; i++) s->bounds[i] = PyFloat_AsDouble(PyTuple_GetItem(bounds, i));
     if (PyErr_Occurred()) { stream_free(s); return NULL; }
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = s};
     pthread_mutex_lock(&lock);
+    s->id = next_id++;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)s->id};
     int rc = epoll_ctl(epfd, EPOLL_CTL_ADD, up_fd, &ev);
+    if (rc == 0) {
+        s->hnext = table[(unsigned long long)s->id % TABLE_SIZE];
+        table[(unsigned long long)s->id % TABLE_SIZE] = s;
+    }
     pthread_mutex_unlock(&lock);
-    if (rc < 0) { stream_free(s); return PyErr_SetFromErrno(PyExc_OSError); }
-    return PyLong_FromVoidPtr(s);
+    if (rc < 0) { PyErr_SetFromErrno(PyExc_OSError); stream_free(s); return NULL; }
+    return PyLong_FromLongLong(s->id);
 }
 
 static PyObject *result(Stream *s);
 
-/* cancel(handle) -> the stream's result when the thread still had it (it is the loop's again; reason
- * CANCELLED), None when the thread had handed it back already (its result comes from done()). */
+/* cancel(id) -> the stream's result when the thread still had it (the stream is the loop's again; reason
+ * CANCELLED), None when the thread had handed it back already (its result comes from done()). KeyError for
+ * an id the thread does not hold. Where the result cannot be built (no memory) the stream is handed back
+ * instead: None, and done() delivers it. */
 static PyObject *py_cancel(PyObject *self, PyObject *arg) {
     (void)self;
-    Stream *target = PyLong_AsVoidPtr(arg);
-    if (!target && PyErr_Occurred()) return NULL;
+    long long id = PyLong_AsLongLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
     PyObject *out = NULL;
     pthread_mutex_lock(&lock);
-    while (target->busy) pthread_cond_wait(&idle, &lock);  /* at most one stream's read and write */
-    if (target->state == ACTIVE) {
-        epoll_ctl(epfd, EPOLL_CTL_DEL, target->up_fd, NULL);
-        target->state = R_CANCELLED;
-        out = result(target);  /* the struct lives on in the graveyard until no event can name it */
-        target->dead_gen = batch_no;
-        target->next = graveyard;
-        graveyard = target;
+    Stream *s = find(id);
+    if (!s) {
+        pthread_mutex_unlock(&lock);
+        PyErr_Format(PyExc_KeyError, "fastrelay: no stream %lld is held by the relay thread", id);
+        return NULL;
+    }
+    while (s->busy) pthread_cond_wait(&idle, &lock);  /* at most one stream's read and write */
+    if (s->state == ACTIVE) {
+        epoll_ctl(epfd, EPOLL_CTL_DEL, s->up_fd, NULL);
+        s->state = R_CANCELLED;
+        out = result(s);
+        if (out) {
+            forget(s);
+            stream_free(s);
+        } else {
+            PyErr_Clear();
+            hand_back(s, R_CANCELLED);  /* its result from done(), when there is memory for it */
+        }
     }
     pthread_mutex_unlock(&lock);
-    if (out == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    if (out == NULL) Py_RETURN_NONE;
     return out;
 }
 
 static PyObject *result(Stream *s) {
+    if (allocation_fails()) return PyErr_NoMemory();
     PyObject *segs = PyList_New((Py_ssize_t)s->nsegs);
     PyObject *counts = PyTuple_New(s->nb);
     if (!segs || !counts) { Py_XDECREF(segs); Py_XDECREF(counts); return NULL; }
@@ -398,41 +476,67 @@ static PyObject *result(Stream *s) {
         if (!item) { Py_DECREF(segs); Py_DECREF(counts); return NULL; }
         PyList_SetItem(segs, (Py_ssize_t)i, item);
     }
-    for (int i = 0; i < s->nb; i++) PyTuple_SetItem(counts, i, PyLong_FromLongLong(s->counts[i]));
-    PyObject *out = Py_BuildValue("(LiIy#y#NNddL)", s->id, s->state, (unsigned int)s->err,
-                                  s->in.p ? s->in.p : "", (Py_ssize_t)s->in.len,
-                                  s->pending.p ? s->pending.p : "", (Py_ssize_t)s->pending.len,
-                                  segs, counts, s->gap_sum, s->last_ts, s->tokens);
-    return out;
+    for (int i = 0; i < s->nb; i++) {
+        PyObject *v = PyLong_FromLongLong(s->counts[i]);
+        if (!v) { Py_DECREF(segs); Py_DECREF(counts); return NULL; }
+        PyTuple_SetItem(counts, i, v);
+    }
+    return Py_BuildValue("(LiIy#y#NNddL)", s->id, s->state, (unsigned int)s->err,
+                         s->in.p ? s->in.p : "", (Py_ssize_t)s->in.len,
+                         s->pending.p ? s->pending.p : "", (Py_ssize_t)s->pending.len,
+                         segs, counts, s->gap_sum, s->last_ts, s->tokens);
 }
 
-/* done() -> list of (id, reason, errno, unread, unsent, segments, counts, gap_sum, last_ts, tokens) */
+/* done() -> list of (id, reason, errno, unread, unsent, segments, counts, gap_sum, last_ts, tokens). A result
+ * that cannot be built (no memory) stays queued with the ones after it, and the eventfd is signalled again:
+ * the stream comes back with its bytes once there is memory. */
 static PyObject *py_done(PyObject *self, PyObject *args) {
     (void)self; (void)args;
     uint64_t v;
     ssize_t r = read(donefd, &v, sizeof v);
-    (void)r;
-    pthread_mutex_lock(&lock);
-    Stream *s = done_head;
-    done_head = done_tail = NULL;
-    pthread_mutex_unlock(&lock);
+    (void)r;  /* EAGAIN: nothing was signalled since the last call; the queue says what there is */
     PyObject *list = PyList_New(0);
-    while (s) {
-        Stream *next = s->next;
-        PyObject *item = list ? result(s) : NULL;
-        if (item) { PyList_Append(list, item); Py_DECREF(item); }
+    if (!list) return NULL;
+    pthread_mutex_lock(&lock);
+    while (done_head) {
+        Stream *s = done_head;
+        PyObject *item = result(s);
+        if (!item || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            uint64_t one = 1;
+            ssize_t w = write(donefd, &one, sizeof one);
+            (void)w;
+            break;
+        }
+        Py_DECREF(item);
+        done_head = s->next;
+        if (!done_head) done_tail = NULL;
+        forget(s);
         stream_free(s);
-        s = next;
     }
-    if (PyErr_Occurred()) { Py_XDECREF(list); return NULL; }
+    pthread_mutex_unlock(&lock);
+    if (PyErr_Occurred()) {
+        if (PyList_Size(list) == 0) { Py_DECREF(list); return NULL; }
+        PyErr_Clear();  /* what was built goes back now; the rest, queued, at the next signal */
+    }
     return list;
+}
+
+/* _fail_allocation(n): the n-th allocation from now fails (0: none). For the tests of every failure path. */
+static PyObject *py_fail_allocation(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    __atomic_store_n(&fail_countdown, n, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"init", py_init, METH_NOARGS, "Start the relay thread (once per process); returns the eventfd to watch."},
-    {"start", py_start, METH_VARARGS, "Hand a stream to the relay thread; returns its handle."},
-    {"cancel", py_cancel, METH_O, "Take a stream back before the thread hands it back: its result, or None."},
+    {"start", py_start, METH_VARARGS, "Hand a stream to the relay thread; returns its id."},
+    {"cancel", py_cancel, METH_O, "Take a stream back by id before the thread hands it back: its result, or None."},
     {"done", py_done, METH_NOARGS, "The streams handed back since the last call."},
+    {"_fail_allocation", py_fail_allocation, METH_O, "Tests: the n-th allocation from now fails (0: none)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -34,6 +34,7 @@ from specwatch.acceptance import (
     spec_field,
     survival,
 )
+from specwatch.exporter import compat
 from specwatch.exporter.metrics import ExporterMetrics
 
 log = logging.getLogger("specwatch.exporter")
@@ -124,14 +125,14 @@ class Gaps:
     go at least every `ITL_FLUSH_SECONDS` and when the request is accounted: per chunk a bisect and a list
     increment instead of `Histogram.observe` (a walk over 32 bounds and two locked increments). The
     histogram ends exactly as if each gap had been observed (`le` buckets: a gap equal to a bound counts in
-    it); it reads up to a second behind while a stream runs. Uses the child's `_upper_bounds`, `_buckets`
-    and `_sum` (prometheus_client 0.26, pinned; `tests/test_exporter_parts.py` checks the equivalence)."""
+    it); it reads up to a second behind while a stream runs. The buckets are reached through `compat`
+    (`tests/test_exporter_parts.py` checks the equivalence)."""
 
     __slots__ = ("child", "bounds", "counts", "total", "flush_at")
 
     def __init__(self, child: Any, now: float) -> None:
         self.child = child
-        self.bounds: list[float] = list(child._upper_bounds)
+        self.bounds: list[float] = compat.histogram_bounds(child)
         self.counts = [0] * len(self.bounds)
         self.total = 0.0
         self.flush_at = now + ITL_FLUSH_SECONDS
@@ -143,28 +144,20 @@ class Gaps:
             self.flush(now)
 
     def flush(self, now: float) -> None:
-        buckets = self.child._buckets
-        counts = self.counts
-        for i, n in enumerate(counts):
-            if n:
-                buckets[i].inc(n)
-                counts[i] = 0
-        if self.total:
-            self.child._sum.inc(self.total)
-            self.total = 0.0
+        compat.histogram_add(self.child, self.counts, self.total)
+        self.total = 0.0
         self.flush_at = now + ITL_FLUSH_SECONDS
 
 
 def observe(child: Any, amount: float) -> None:
     """`Histogram.observe` on a labelled child with a bisect instead of its walk over the bounds (as `Gaps`
     counts: the same buckets and sum; NaN, which no bound takes, goes to the library's own walk)."""
-    bounds = child._upper_bounds
+    bounds = compat.histogram_bounds(child)
     i = bisect_left(bounds, amount)
     if i == len(bounds) or amount != amount:
         child.observe(amount)
         return
-    child._sum.inc(amount)
-    child._buckets[i].inc(1)
+    compat.histogram_observe_at(child, i, amount)
 
 
 def utf8(text: str) -> bytes:

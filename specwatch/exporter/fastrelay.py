@@ -13,9 +13,7 @@ built, `AVAILABLE` is False and the tap relays every chunk itself, with the same
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Callable
-from typing import Any
 
 try:
     from specwatch.exporter import _fastrelay  # type: ignore[attr-defined]
@@ -34,6 +32,11 @@ Result = tuple[int, int, int, bytes, bytes, list[tuple[bytes, bool]], tuple[int,
 class FastRelay:
     """The relay thread as the event loop sees it: hand a stream over, get it back by callback.
 
+    Ownership is by id: `start` returns the id the C side assigned, and from then until the stream's callback
+    runs (handed back, or taken back with `take_back`), the thread alone reads its upstream socket and writes
+    its client socket; the caller has paused both. `held` says which ids the thread holds; taking back an id
+    it does not hold is a `KeyError`, never a guess.
+
     One per process (the exporter's one loop; each `--workers` process has its own thread): the thread's
     queue of handed-back streams is the process's, so a second instance would drain the first one's."""
 
@@ -42,41 +45,42 @@ class FastRelay:
         self.loop, self.max_seconds = loop, max_seconds
         self.fd: int = _fastrelay.init()
         self._waiting: dict[int, Callable[[Result], None]] = {}
-        self._ids = itertools.count()
         loop.add_reader(self.fd, self._drain)
 
-    def start(self, up_fd: int, client_fd: int, prefix: bytes, suffix: bytes, bounds: tuple[float, ...],
-              last_token: float, on_back: Callable[[Result], None]) -> tuple[int, Any]:
-        """The thread reads `up_fd` from now on; `on_back` runs in the loop when it hands the stream back."""
-        ident = next(self._ids)
-        self._waiting[ident] = on_back
-        try:
-            handle = _fastrelay.start(ident, up_fd, client_fd, prefix, suffix, bounds, last_token,
-                                      self.max_seconds)
-        except BaseException:
-            del self._waiting[ident]
-            raise
-        return ident, handle
+    def held(self, ident: int) -> bool:
+        return ident in self._waiting
 
-    def take_back(self, ident: int, handle: Any) -> None:
+    def start(self, up_fd: int, client_fd: int, prefix: bytes, suffix: bytes, bounds: tuple[float, ...],
+              last_token: float, on_back: Callable[[Result], None]) -> int:
+        """The thread reads `up_fd` and writes `client_fd` from now on; `on_back` runs in the loop when it hands
+        the stream back. Returns the stream's id."""
+        ident: int = _fastrelay.start(up_fd, client_fd, prefix, suffix, bounds, last_token, self.max_seconds)
+        self._waiting[ident] = on_back
+        return ident
+
+    def take_back(self, ident: int) -> None:
         """Now, before the thread hands it back (a timeout, the request ending otherwise): the stream's
         callback runs here with what the thread counted so far (reason CANCELLED), or with the result the
-        thread had already queued."""
-        on_back = self._waiting.pop(ident, None)
-        if on_back is None:
-            return
-        result = _fastrelay.cancel(handle)
+        thread had already queued. `KeyError` where the thread does not hold `ident`."""
+        if ident not in self._waiting:
+            raise KeyError(f"fastrelay: stream {ident} is not held by the relay thread")
+        result = _fastrelay.cancel(ident)
         if result is None:  # handed back meanwhile: its result is queued
-            self._waiting[ident] = on_back
             self._drain()
-        else:
-            on_back(result)
+            return
+        on_back = self._waiting.pop(ident)
+        on_back(result)
 
     def _drain(self) -> None:
+        stray = []
         for result in _fastrelay.done():
             on_back = self._waiting.pop(result[0], None)
-            if on_back is not None:
+            if on_back is None:
+                stray.append(result[0])
+            else:
                 on_back(result)
+        if stray:  # a stream this instance never handed over: a second instance in the process (see above)
+            raise RuntimeError(f"fastrelay: streams {stray} came back to an instance that did not hand them over")
 
     def close(self) -> None:
         self.loop.remove_reader(self.fd)

@@ -16,18 +16,16 @@ import itertools
 import json
 import logging
 import secrets
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from specwatch.exporter import fastrelay
-from specwatch.exporter.accounting import ITL_FLUSH_SECONDS, Gaps, RequestRecord, account
+from specwatch.exporter.accounting import ITL_FLUSH_SECONDS, RequestRecord, account
 from specwatch.exporter.classify import TASK_HEADER, classify
 from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.eventlog import EventLog
@@ -42,7 +40,7 @@ from specwatch.exporter.relays import (
     plan_request,
 )
 from specwatch.exporter.routing import VARIANT_HEADER, Router
-from specwatch.exporter.sse import _decoded
+from specwatch.exporter.stream_relay import ClientGone, StreamRelay
 from specwatch.exporter.turns import Turns
 from specwatch.exporter.upstream import Connection, Head, NotSent, Pool, request_bytes
 
@@ -52,45 +50,6 @@ HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connecti
                         TASK_HEADER, VARIANT_HEADER})
 _HOP_BY_HOP_RAW = frozenset(name.encode("ascii") for name in HOP_BY_HOP)
 MAX_MIRRORS_IN_FLIGHT = 64
-WRITE_HIGH_WATER = 256 * 1024  # bytes queued for a slow client before the upstream connection stops being read
-
-
-class _ClientGone(Exception):
-    """The client closed the connection while the response was being relayed."""
-
-
-class _Wake:
-    """What the relay callback tells the waiting handler: wake up, the client is slow (paused) or gone, or
-    the relay thread handed the stream's end back (`unread`: its bytes, fed at the handler's turn)."""
-
-    __slots__ = ("loop", "fut", "paused", "gone", "unread")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.fut: asyncio.Future[None] | None = None
-        self.paused = False
-        self.gone = False
-        self.unread: bytes | None = None
-
-    def wake(self) -> None:
-        fut = self.fut
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    async def wait(self) -> None:
-        self.fut = self.loop.create_future()
-        try:
-            await self.fut
-        finally:
-            self.fut = None
-
-
-class _HeldHeadersResponse(web.StreamResponse):
-    """A streamed response whose headers wait in the writer (`prepare` does not send them) until its first
-    body bytes or `writer.send_headers()`: headers and body bytes that arrived together leave in one write.
-    aiohttp 3.14's `StreamResponse` sends its headers alone at `prepare`; its `Response` holds them this way."""
-
-    _send_headers_immediately = False
 
 
 def _plain_http(url: str) -> tuple[str, int, str] | None:
@@ -108,11 +67,6 @@ def _plain_http(url: str) -> tuple[str, int, str] | None:
 def error_response(status: int, message: str, err_type: str) -> web.Response:
     body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
     return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
-
-
-def _fileno(transport: asyncio.BaseTransport) -> int:
-    sock = transport.get_extra_info("socket")
-    return sock.fileno() if sock is not None else -1
 
 
 def _forward_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
@@ -321,194 +275,9 @@ class Tap:
     async def _relay_direct(self, conn: Connection, head: Head, plan: UpstreamRequest, record: RequestRecord,
                             client: web.Request | None, timeout: asyncio.Timeout,
                             release: Callable[[], None]) -> tuple[web.StreamResponse, bool]:
-        """Relay from `conn` inside its `data_received`: each read is accounted and written to the client's
-        transport at once. This coroutine only waits: for the end, a slow client (drain, then read on) or a
-        gone one. Once the upstream's answer is complete, `release()` hands `conn` back (to the pool) at once,
-        before the accounting and the last bytes (and before their turn, where one is still to come): nothing
-        here touches `conn` after that. Returns the response and whether the upstream response ended cleanly."""
-        response = _HeldHeadersResponse(status=head.status, reason=head.reason or None,
-                                        headers=_forward_headers(head.headers))
-        writer = await response.prepare(client) if client is not None else None
-        transport = client.transport if client is not None else None
-        chunked = writer is not None and getattr(writer, "chunked", False)
-        sse = head.headers.get("Content-Type", "").startswith("text/event-stream")
-        relay: SseRelay | BodyRelay = SseRelay(plan, record, self.metrics) if sse else BodyRelay(record)
-        loop = asyncio.get_running_loop()
-        state = _Wake(loop)
-        headers_sent = False
-
-        def deliver(data: bytes) -> None:
-            nonlocal headers_sent
-            if transport is None:
-                return  # a mirror: discarded
-            if transport.is_closing():
-                state.gone = True
-                conn.pause()
-                state.wake()
-                return
-            if headers_sent:
-                transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
-            else:  # aiohttp holds the headers back until the first body write: they leave with it, one write
-                headers_sent = True
-                if isinstance(writer, StreamWriter) and writer._headers_buf:
-                    writer._send_headers_with_payload(data, False)
-                else:
-                    transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
-            if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                state.paused = True
-                conn.pause()
-                state.wake()
-
-        fast = self.fast if chunked and isinstance(relay, SseRelay) else None
-        owned: list[Any] = []  # (id, handle) while the relay thread has the stream
-        fruitless = [0]  # hand-overs that came back at once (an n = 2 stream alternates its chunk shape): 3 stop them
-
-        def hand_over() -> None:
-            """To the relay thread, where the stream is between ordinary content chunks and nothing waits."""
-            assert fast is not None and transport is not None and isinstance(relay, SseRelay)
-            prefix = relay.plain.prefix
-            if (prefix is None or not relay.plain.last_plain or fruitless[0] >= 3 or not headers_sent
-                    or state.paused or state.gone or relay.saw_done or relay.held or not relay.splitter.empty()
-                    or not conn.between_chunks() or record.last_token is None or transport.get_write_buffer_size()
-                    or transport.is_closing()):
-                return
-            up_fd, client_fd = conn.fileno(), _fileno(transport)
-            if up_fd < 0 or client_fd < 0:
-                return
-            gaps = record.gaps
-            if gaps is None:
-                gaps = record.gaps = Gaps(self.metrics.of(record.variant, record.task).itl, record.last_token)
-            conn.pause()
-            transport.pause_reading()
-            owned[:] = fast.start(up_fd, client_fd, prefix, relay.plain.suffix, tuple(gaps.bounds),
-                                  record.last_token, taken_back)
-            self.metrics.fast_relay_handovers.inc()
-
-        def taken_back(result: fastrelay.Result) -> None:
-            owned.clear()
-            try:
-                resume(result)
-            except Exception:  # never leave the stream waiting: it ends as a cut one
-                log.exception("fast relay: taking a stream back failed")
-                state.gone = True
-                conn.abort()
-            state.wake()
-
-        def resume(result: fastrelay.Result) -> None:
-            _, reason, _, unread, unsent, segments, counts, gap_sum, last_token, tokens = result
-            if reason == fastrelay.UNUSUAL and tokens < 2:
-                fruitless[0] += 1
-            for text, plain in segments:  # the thread checked each body as the pattern's text group
-                decoded = text if plain else _decoded(text)
-                if decoded is None:
-                    record.outcome = "bad_response"
-                else:
-                    record.output.update(decoded)
-            if tokens:
-                self.metrics.fast_relay_chunks.inc(tokens)
-            gaps = record.gaps
-            if tokens and gaps is not None:
-                for i, n in enumerate(counts):
-                    if n:
-                        gaps.counts[i] += n
-                gaps.total += gap_sum
-                record.last_token = last_token
-                now = time.perf_counter()
-                if now >= gaps.flush_at:
-                    gaps.flush(now)
-            assert transport is not None
-            if not transport.is_closing():
-                transport.resume_reading()
-            if reason == fastrelay.CANCELLED:  # the request is ending (a timeout): no more bytes either way
-                return
-            if unsent and not transport.is_closing():
-                transport.write(unsent)
-            if reason == fastrelay.CLIENT or transport.is_closing():
-                state.gone = True  # the upstream connection stays paused: nothing more is read for this client
-                return
-            if unread and reason in (fastrelay.UNUSUAL, fastrelay.EOF):
-                state.unread = unread  # most likely the stream's end: the handler feeds it at its turn (`Turns`)
-                return
-            conn.resume()
-            if unread:  # as if just read (a slow client too: bounded by one read): the rest goes on in Python
-                conn.data_received(unread)
-            if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                state.paused = True
-                conn.pause()
-
-        def sink(chunk: bytes) -> None:
-            if state.gone:
-                return
-            out = relay.feed(chunk)
-            if out:
-                deliver(out)
-                if fast is not None and not owned:
-                    hand_over()
-
-        ended = conn.ended
-        assert ended is not None
-        ended.add_done_callback(lambda _: state.wake())
-        try:
-            conn.attach(sink)  # what came with the upstream's head goes out now, the headers with it
-            if not headers_sent and not ended.done() and isinstance(writer, StreamWriter):
-                headers_sent = True  # the head came alone: so do the client's (the end would take them along)
-                try:
-                    writer.send_headers()
-                except aiohttp.ClientConnectionResetError:
-                    state.gone = True  # ends below as a client abort
-            turned = False
-            while True:
-                if state.gone:
-                    raise _ClientGone()
-                if state.unread is not None:  # handed back by the relay thread: read on at this stream's turn
-                    await self.turns.wait()
-                    turned = True
-                    unread, state.unread = state.unread, None
-                    conn.resume()
-                    conn.data_received(unread)
-                    if transport is not None and transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                        state.paused = True
-                        conn.pause()
-                    continue
-                if state.paused:
-                    state.paused = False
-                    if writer is not None:
-                        await writer.drain()
-                    if state.unread is None:  # else it resumes after those bytes (above), never before them
-                        conn.resume()
-                    continue
-                if ended.done():
-                    break
-                await state.wait()
-            ended.result()  # raises where the upstream broke off
-            release()  # a new request need not open a connection while this stream's end waits
-            if not turned:  # the stream's end waits behind new requests and first chunks, not ahead of them
-                await self.turns.wait()
-            last = relay.finish(head.status)
-            self._finish(record)  # before the last bytes: a client that has its answer sees it counted
-            if state.gone or (transport is not None and transport.is_closing()):
-                raise _ClientGone()
-            if writer is not None:  # the last bytes and the end of the body in one write (one syscall)
-                timeout.reschedule(None)  # the upstream's answer is complete: its deadline no longer applies
-                try:
-                    await response.write_eof(last)
-                except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                    raise _ClientGone() from None
-            return response, True
-        except _ClientGone:
-            record.outcome = "client_abort"
-        except (OSError, asyncio.CancelledError) as exc:
-            if isinstance(exc, asyncio.CancelledError) and not timeout.expired():
-                raise  # the client left (aiohttp cancels its handler)
-            record.outcome = "upstream_error"  # the upstream broke off mid-response, or hung past the deadline
-            if owned and fast is not None:
-                fast.take_back(*owned)
-            if transport is not None:
-                transport.abort()  # the client sees the cut (no end of the chunked body), not a complete answer
-        finally:
-            if owned and fast is not None:  # the thread still had it: its counts, then ours again
-                fast.take_back(*owned)
-        return response, False
+        """Relay from `conn` to `client` (`StreamRelay`); the response and whether the upstream's ended cleanly."""
+        stream = StreamRelay(conn, head, plan, record, self.metrics, self.fast, self.turns, self._finish)
+        return await stream.run(client, timeout, release, _forward_headers(head.headers))
 
     async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
                      client: web.Request | None) -> web.StreamResponse:
@@ -523,7 +292,7 @@ class Tap:
             try:
                 await response.write(data)
             except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                raise _ClientGone() from None
+                raise ClientGone() from None
 
         try:
             if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -535,8 +304,8 @@ class Tap:
                 try:
                     await response.write_eof(last)
                 except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                    raise _ClientGone() from None
-        except _ClientGone:
+                    raise ClientGone() from None
+        except ClientGone:
             record.outcome = "client_abort"  # leaving the upstream context below cancels its request
         except (TimeoutError, aiohttp.ClientError):
             record.outcome = "upstream_error"  # the upstream broke off mid-response, or hung past the deadline

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from specwatch.exporter import compat
 from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.shared import SharedState
 
@@ -209,11 +210,8 @@ def _worker_main(worker: Worker, sockets: list[socket.socket], serve_one: ServeO
 
 def use_multiprocess_metrics(folder: Path) -> None:
     """prometheus_client's multiprocess mode for every metric created from here on in this process: values in
-    mmap files under `folder` (the library reads its folder from the environment; this is the one place set)."""
-    from prometheus_client import values
-
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
-    values.ValueClass = values.MultiProcessValue()
+    mmap files under `folder` (`compat`: the library reads its folder from the environment)."""
+    compat.use_multiprocess_values(folder)
 
 
 def supervise(cfg: ExporterConfig, serve_one: ServeOne) -> int:
