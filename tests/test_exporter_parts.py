@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -590,3 +591,38 @@ def test_a_connection_released_while_paused_reads_again_and_sees_the_upstream_cl
 
     lost, same, reused = asyncio.run(scenario())
     assert lost and not same and not reused
+
+
+COMPAT_BUMP = """
+import aiohttp, sys
+aiohttp.__version__ = "3.15.0"  # what a dependency bump would install
+try:
+    import specwatch.exporter.compat
+except ImportError as exc:
+    print(type(exc).__name__, exc)
+    sys.exit(3)
+"""
+
+
+def test_a_dependency_bump_stops_the_exporter_at_import_naming_what_it_was_written_for():
+    import subprocess
+    import sys
+
+    from specwatch.exporter import compat
+
+    bumped = subprocess.run([sys.executable, "-c", COMPAT_BUMP], capture_output=True, text=True, timeout=60)
+    assert bumped.returncode == 3, (bumped.stdout, bumped.stderr)
+    assert "IncompatibleDependency" in bumped.stdout and "written for aiohttp 3.14.x and found aiohttp 3.15.0" in \
+        bumped.stdout
+    with pytest.raises(compat.IncompatibleDependency, match="prometheus_client 0.26.x and found prometheus_client 1.0"):
+        compat.check({"aiohttp": "3.14.9", "prometheus_client": "1.0.0"})
+    compat.check({"aiohttp": "3.14.9", "prometheus_client": "0.26.3"})  # a patch release passes the version check
+    # and it is the only module that reaches into them: the rest of the tap goes through it
+    private = re.compile(r"\._(upper_bounds|buckets|sum|headers_buf|send_headers_with_payload"
+                         r"|send_headers_immediately)\b|\bValueClass\b|MultiProcessValue")
+    package = Path(compat.__file__).parents[1]
+    reaching = [f"{path.relative_to(package)}: {line.strip()}" for path in package.rglob("*.py")
+                if path.name != "compat.py" for line in path.read_text().splitlines()
+                if private.search(line) and not line.lstrip().startswith("#")]
+    assert private.search(Path(compat.__file__).read_text())  # the pattern finds them where they are
+    assert not reaching, reaching

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -44,10 +45,8 @@ def check(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProce
     return result
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
-    """A fresh venv outside the checkout with the freshly built wheel installed."""
-    tmp = tmp_path_factory.mktemp("wheel")
+def installed_venv(tmp: Path, pytestconfig: pytest.Config, build_env: dict[str, str] | None = None) -> Path:
+    """A fresh venv under `tmp` with the wheel built from the checkout's build inputs (in `build_env`) installed."""
     src, dist, env = tmp / "src", tmp / "dist", tmp / "venv"
     src.mkdir()
     for name in BUILD_INPUTS:
@@ -56,7 +55,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) 
         else:
             shutil.copy2(ROOT / name, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    check(run([*pip, "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], cwd=tmp))
+    built = subprocess.run([*pip, "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], cwd=tmp,
+                           env={**clean_env(), **(build_env or {})}, capture_output=True, text=True, timeout=600)
+    check(built)
     wheel, = dist.glob("specwatch-*.whl")
     check(run([sys.executable, "-m", "venv", "--without-pip", str(env)], cwd=tmp))
     assert pytestconfig.cache is not None
@@ -69,6 +70,12 @@ def venv(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) 
             stale.unlink()
         check(run(install, cwd=tmp))
     return env
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
+    """A fresh venv outside the checkout with the freshly built wheel installed."""
+    return installed_venv(tmp_path_factory.mktemp("wheel"), pytestconfig)
 
 
 def specwatch(env: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -182,3 +189,47 @@ def test_the_wheel_carries_the_compiled_relay(venv: Path, tmp_path: Path) -> Non
     assert isinstance(found, list) and len(found) == 2, found
     available, path = found
     assert available and str(path).startswith(str(venv)) and str(path).endswith(".abi3.so"), path
+
+
+def test_a_build_without_a_c_compiler_installs_and_relays_in_python(
+        tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config, sim_baseline: Any) -> None:
+    """No compiler where the wheel is built (`CC` runs nothing): the wheel still builds and installs, the exporter
+    says at start and on /metrics that it relays in Python, and a streamed request through it is counted."""
+    tmp = tmp_path_factory.mktemp("wheel-no-cc")
+    env = installed_venv(tmp, pytestconfig, {"CC": "/bin/false", "LDSHARED": "/bin/false"})
+    code = "import json; from specwatch.exporter import fastrelay; print(json.dumps(fastrelay.AVAILABLE))"
+    assert installed(env, code, tmp) is False
+    port = free_port()
+    log_path = tmp / "exporter.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([str(env / "bin" / "specwatch"), "exporter", f"--upstream=baseline={sim_baseline.url}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], cwd=tmp, env=clean_env(), stdout=log,
+                                stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, log_path.read_text()
+                try:
+                    if requests.get(url + "/healthz", timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "the exporter never answered /healthz"
+                time.sleep(0.2)
+            body = {"model": "spec-demo", "stream": True, "max_tokens": 24, "temperature": 0,
+                    "messages": [{"role": "user", "content": "def fib(n):"}]}
+            streamed = requests.post(url + "/v1/chat/completions", json=body, timeout=60,
+                                     headers={"X-Specwatch-Task": "code"})
+            assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]"), streamed.text[-300:]
+            exposition = requests.get(url + "/metrics", timeout=5).text
+            families = {f.name: f for f in text_string_to_metric_families(exposition)}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    relays = {s.labels["relay"]: s.value for s in families["specwatch_relay"].samples}
+    assert relays.get("python") == 1 and not relays.get("compiled"), relays
+    ok = [s for s in families["specwatch_requests"].samples
+          if s.name == "specwatch_requests_total" and s.labels.get("outcome") == "ok" and s.value]
+    assert [(s.labels["variant"], s.labels["task"], s.value) for s in ok] == [("baseline", "code", 1.0)], ok
+    assert "content chunks relayed by the python relay (the compiled relay is not built" in log_path.read_text()
