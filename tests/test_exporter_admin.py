@@ -71,19 +71,20 @@ def test_the_probe_marks_each_upstream_up_or_down_and_counts_failures() -> None:
     async def health(request: web.Request) -> web.Response:
         return web.Response(status=200 if request.path == "/up/health" else 503)
 
-    async def run() -> dict[str, tuple[float | None, float | None]]:
+    async def run() -> dict[str, tuple[float | None, float | None, float | None]]:
         app = web.Application()
         app.router.add_get("/{tail:.*}", health)
         async with TestServer(app) as server:
             base = str(server.make_url("")).rstrip("/")
             cfg = load({"upstream": [f"good={base}/up", f"sick={base}/sick", f"gone={DEAD}"]}, None)
             exporter = Exporter(cfg)
-            probe = UpstreamProbe(cfg, exporter.metrics)
+            probe = UpstreamProbe(cfg, exporter.metrics, exporter.router.availability)
             async with aiohttp.ClientSession() as session:
                 await probe.probe_once(session)
                 await probe.probe_once(session)
             value = exporter.registry.get_sample_value
             return {v: (value("specwatch_upstream_up", {"variant": v}),
-                        value("specwatch_upstream_probe_errors_total", {"variant": v})) for v in cfg.upstreams}
+                        value("specwatch_upstream_probe_errors_total", {"variant": v}),
+                        value("specwatch_upstream_routable", {"variant": v})) for v in cfg.upstreams}
 
-    assert asyncio.run(run()) == {"good": (1, 0), "sick": (0, 2), "gone": (0, 2)}
+    assert asyncio.run(run()) == {"good": (1, 0, 1), "sick": (0, 2, 0), "gone": (0, 2, 0)}

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from specwatch.exporter.classify import classify
 from specwatch.exporter.config import YAML_KEYS, ConfigError, load
 from specwatch.exporter.eventlog import EventLog
+from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.relays import _stamp_fingerprint, plan_request
 from specwatch.exporter.routing import Router
 from specwatch.exporter.sse import SseSplitter
@@ -131,7 +133,7 @@ def test_yaml_rules_match_on_path_model_and_header(tmp_path):
 def test_split_shares_and_stickiness():
     cfg = load({"upstream": ["baseline=http://x", "candidate=http://y"], "split": ["candidate=20"],
                 "sticky_header": "X-S"}, None)
-    router = Router(cfg, random.Random(7))
+    router = Router(cfg, ExporterMetrics(CollectorRegistry(), cfg), random.Random(7))
     picks = [router.route({}) for _ in range(5000)]
     assert 0.17 < picks.count("candidate") / len(picks) < 0.23
     assert len({router.route({"x-s": "user-42"}) for _ in range(50)}) == 1

@@ -59,6 +59,8 @@ class ExporterConfig:
     rules: tuple[TaskRule, ...] = ()
     max_body_bytes: int = 16 * 1024 * 1024
     probe_interval_seconds: float = 5.0
+    down_after_failures: int = 3  # requests in a row that cannot reach an upstream mark it down (`availability`)
+    up_after_seconds: float = 10.0  # a down upstream is back in the split once its probe has answered this long
     upstream_timeout_seconds: float = 600.0
     event_log: Path | None = None
     event_log_max_bytes: int = 64 * 1024 * 1024
@@ -114,7 +116,7 @@ def _rule(raw: Any, where: str) -> TaskRule:
 # The keys of the YAML file (examples/exporter.yaml shows each); any other key is an error.
 YAML_KEYS = ("upstreams", "split", "mirror", "sticky_header", "listen_address", "tasks", "rules", "event_log",
              "event_log_max_bytes", "max_body_bytes", "probe_interval_seconds", "upstream_timeout_seconds",
-             "admin_token_env", "workers")
+             "admin_token_env", "workers", "down_after_failures", "up_after_seconds")
 MAX_WORKERS = 256
 
 
@@ -241,6 +243,8 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
         listen_host=host, listen_port=port, tasks=tasks, rules=rules,
         max_body_bytes=int(doc.number("max_body_bytes", 16 * 1024 * 1024, integer=True)),
         probe_interval_seconds=float(doc.number("probe_interval_seconds", 5.0)),
+        down_after_failures=int(doc.number("down_after_failures", 3, integer=True)),
+        up_after_seconds=float(doc.number("up_after_seconds", 10.0)),
         upstream_timeout_seconds=float(doc.number("upstream_timeout_seconds", 600.0)),
         event_log=Path(event_log) if event_log else None,
         event_log_max_bytes=int(doc.number("event_log_max_bytes", 64 * 1024 * 1024, integer=True)),

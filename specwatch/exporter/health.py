@@ -7,6 +7,7 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
+from specwatch.exporter.availability import Availability
 from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.metrics import ExporterMetrics
 
@@ -19,10 +20,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 class UpstreamProbe:
-    """Every `probe_interval_seconds`, GET each upstream's `/health`: up is a 200; anything else counts an error."""
+    """Every `probe_interval_seconds`, GET each upstream's `/health`: up is a 200; anything else counts an error.
+    Each answer goes to `availability` too: a failed probe takes the upstream out of the split."""
 
-    def __init__(self, cfg: ExporterConfig, metrics: ExporterMetrics) -> None:
-        self.cfg, self.metrics = cfg, metrics
+    def __init__(self, cfg: ExporterConfig, metrics: ExporterMetrics, availability: Availability) -> None:
+        self.cfg, self.metrics, self.availability = cfg, metrics, availability
         self._task: asyncio.Task[None] | None = None
 
     async def probe_once(self, session: aiohttp.ClientSession) -> None:
@@ -36,6 +38,7 @@ class UpstreamProbe:
             self.metrics.upstream_up.labels(variant).set(1 if up else 0)
             if not up:
                 self.metrics.probe_errors.labels(variant).inc()
+            self.availability.probed(variant, up)
 
     async def _forever(self, session: aiohttp.ClientSession) -> None:
         while True:

@@ -74,10 +74,10 @@ class Exporter:
             self.exposition = CollectorRegistry()
             MultiProcessCollector(self.exposition, path=str(worker.metrics_dir))
             shared = SharedState(worker.state_dir)
-        self.router = Router(cfg, shared=shared)
+        self.router = Router(cfg, self.metrics, shared=shared)
         self.event_log = EventLog(cfg.event_log, cfg.event_log_max_bytes) if cfg.event_log else None
         self.tap = Tap(cfg, self.metrics, self.router, self.event_log)
-        self.probe = UpstreamProbe(cfg, self.metrics)
+        self.probe = UpstreamProbe(cfg, self.metrics, self.router.availability)
         self.admin = Admin(cfg, self.router, self.metrics, admin_token)
         if shared is not None:
             self.admin.load_shared_verdicts()

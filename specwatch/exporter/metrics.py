@@ -97,6 +97,12 @@ class ExporterMetrics:
                                  ["variant"], registry=registry, multiprocess_mode="mostrecent")
         self.probe_errors = Counter("specwatch_upstream_probe_errors", "Failed upstream health probes.",
                                     ["variant"], registry=registry)
+        self.upstream_routable = Gauge("specwatch_upstream_routable",
+                                       "1 while the variant takes its share of the split; 0 while it is known down "
+                                       "and its share goes to the others (`availability`).", ["variant"],
+                                       registry=registry, multiprocess_mode="min")
+        self.rerouted = Counter("specwatch_rerouted", "Requests the split gave to `from`, sent to `to` because `from` "
+                                "was known down.", ["from", "to"], registry=registry)
         self.mirror_outputs = Counter("specwatch_mirror_outputs",
                                       "Mirrored greedy requests whose output matched the primary's.",
                                       [*vt, "result"], registry=registry)
@@ -121,6 +127,9 @@ class ExporterMetrics:
         for variant in cfg.upstreams:
             self.upstream_up.labels(variant)
             self.probe_errors.labels(variant)
+            for other in cfg.upstreams:
+                if other != variant and variant != cfg.mirror and other != cfg.mirror:
+                    self.rerouted.labels(variant, other)
             for task in cfg.task_labels:
                 for outcome in OUTCOMES:
                     self.requests.labels(variant, task, outcome)

@@ -1,7 +1,10 @@
 """Which upstream serves a request: a pinned variant, a sticky or random weighted split, and the mirror.
 
-With several workers the weights live in `SharedState`: each request first checks its version
-counter and rereads the weights when another worker's admin call changed them.
+A split's pick that is known down (`availability`) goes to the split's other upstreams in proportion to
+their shares (the default route where none has a share), counted in `specwatch_rerouted_total`; a pinned
+variant (`X-Specwatch-Variant`) is never rerouted, nor is the mirror. With several workers the weights
+and the down set live in `SharedState`: each request first checks its version counter and rereads them
+when another worker changed them.
 """
 
 from __future__ import annotations
@@ -10,19 +13,22 @@ import hashlib
 import random
 from collections.abc import Mapping
 
+from specwatch.exporter.availability import Availability
 from specwatch.exporter.config import ExporterConfig
+from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.shared import SharedState
 
 VARIANT_HEADER = "x-specwatch-variant"
 
 
 class Router:
-    def __init__(self, cfg: ExporterConfig, rng: random.Random | None = None,
+    def __init__(self, cfg: ExporterConfig, metrics: ExporterMetrics, rng: random.Random | None = None,
                  shared: SharedState | None = None) -> None:
-        self.cfg = cfg
+        self.cfg, self.metrics = cfg, metrics
         self.rng = rng or random.Random()
         self.weights = dict(cfg.split)  # mutable: a canary can set a weight to 0
         self.shared = shared
+        self.availability = Availability(cfg, metrics, shared)
         self._version = -1
         self.refresh()
 
@@ -31,6 +37,7 @@ class Router:
         if self.shared is not None and self.shared.version() != self._version:
             self._version, state = self.shared.read()
             self.weights = {str(k): float(v) for k, v in state["weights"].items()}
+            self.availability.adopt(state)
 
     def _bucket(self, headers: Mapping[str, str]) -> float:
         key = headers.get(self.cfg.sticky_header.lower()) if self.cfg.sticky_header else None
@@ -45,9 +52,37 @@ class Router:
         if pinned is not None and pinned in self.cfg.upstreams:
             return pinned
         bucket = self._bucket(headers)
-        edge = 0.0
-        for variant, pct in self.weights.items():
-            edge += pct
-            if bucket < edge:
-                return variant
-        return self.cfg.default_variant
+        stretches = self.stretches()
+        variant, within = _pick(stretches, bucket)
+        if not self.availability.down or not self.availability.is_down(variant):
+            return variant
+        alive = [(v, pct) for v, pct in stretches if pct > 0 and not self.availability.is_down(v)]
+        if not alive:  # the split's others have no share: the default route takes it, where it is up
+            default = self.cfg.default_variant
+            if self.availability.is_down(default) or default == variant:
+                return variant  # nobody to send it to: it fails as the upstream error it is
+            alive = [(default, 100.0)]
+        # where the bucket lies within the down variant's stretch, spread over the live ones: in proportion to
+        # their shares, and the same key to the same place (sticky) for as long as it is down
+        to, _ = _pick(alive, within * sum(pct for _, pct in alive))
+        self.metrics.rerouted.labels(variant, to).inc()
+        return to
+
+    def stretches(self) -> list[tuple[str, float]]:
+        """The split as consecutive stretches of [0, 100): each weight in order, then the default route's rest."""
+        stretches = list(self.weights.items())
+        rest = 100.0 - sum(self.weights.values())
+        if rest > 0:
+            stretches.append((self.cfg.default_variant, rest))
+        return stretches
+
+
+def _pick(stretches: list[tuple[str, float]], bucket: float) -> tuple[str, float]:
+    """The variant whose stretch holds `bucket` (the last one for a bucket at the very end), and where in its
+    stretch the bucket lies (0 <= within < 1)."""
+    edge = 0.0
+    for name, pct in stretches:
+        if bucket < edge + pct:
+            return name, (bucket - edge) / pct
+        edge += pct
+    return stretches[-1][0], 0.0

@@ -202,6 +202,7 @@ class Tap:
         try:
             async with self.session.request(request.method, url, data=plan.body,
                                             headers=_forward_headers(request.headers)) as upstream:
+                self.router.availability.reached(record.variant)
                 record.status = upstream.status
                 if upstream.status >= 500:
                     record.outcome = "upstream_error"
@@ -210,6 +211,8 @@ class Tap:
                 return await self._relay(upstream, plan, record, client)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             record.outcome = "upstream_error"
+            if record.status is None:  # no response head: the upstream could not be reached
+                self.router.availability.failed(record.variant)
             return error_response(502, f"upstream {record.variant} failed: {type(exc).__name__}", "BadGateway")
         except asyncio.CancelledError:
             record.outcome = "client_abort"
@@ -245,9 +248,11 @@ class Tap:
                     if isinstance(exc, asyncio.CancelledError) and not timeout.expired():
                         raise
                     record.outcome = "upstream_error"  # unreachable, broke off, or no head before the deadline
+                    self.router.availability.failed(record.variant)
                     name = type(exc).__name__ if isinstance(exc, OSError) else "TimeoutError"
                     return error_response(502, f"upstream {record.variant} failed: {name}", "BadGateway")
                 assert conn is not None
+                self.router.availability.reached(record.variant)
                 record.status = head.status
                 if head.status >= 500:
                     record.outcome = "upstream_error"
