@@ -29,7 +29,8 @@ from tests.test_exporter import Factory, value
 
 
 def router_with_clock(split: list[str], seed: int = 1, sticky: str | None = None) -> tuple[Router, list[float]]:
-    flags: dict[str, object] = {"upstream": ["baseline=http://b", "candidate=http://c", "other=http://o"], "split": split}
+    upstreams = ["baseline=http://b", "candidate=http://c", "other=http://o"]
+    flags: dict[str, object] = {"upstream": upstreams, "split": split}
     if sticky:
         flags["sticky_header"] = sticky
     cfg = load(flags, None)

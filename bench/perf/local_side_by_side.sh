@@ -11,6 +11,7 @@ PY=$ROOT/.venv/bin/python
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait; rm -rf "$WORK"' EXIT
 mkdir -p "$OUT" "$WORK/ref" "$WORK/new"
+OUT=$(cd "$OUT" && pwd)
 git -C "$ROOT" archive "$REF" specwatch | tar -x -C "$WORK/ref"
 cp -r "$ROOT/specwatch" "$WORK/new/"
 INC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")

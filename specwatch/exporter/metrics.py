@@ -128,7 +128,7 @@ class ExporterMetrics:
             self.upstream_up.labels(variant)
             self.probe_errors.labels(variant)
             for other in cfg.upstreams:
-                if other != variant and variant != cfg.mirror and other != cfg.mirror:
+                if other != variant:  # every pair at 0 (the mirror's too: never rerouted, shown so)
                     self.rerouted.labels(variant, other)
             for task in cfg.task_labels:
                 for outcome in OUTCOMES:
