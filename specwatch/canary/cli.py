@@ -2,19 +2,23 @@
 
 Exit codes: 0 pass, 3 fail, 4 marginal, 5 insufficient data (on every task or a critical
 metric); 1 a runtime error (Prometheus or the exporter unreachable, an unreadable log),
-2 a usage error (bad flags or policy).
+2 a usage error (bad flags or policy). `--serve` (`serve.py`) answers the verdict over HTTP instead
+and exits 0 when stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from specwatch.canary import policy as policy_mod
 from specwatch.canary import report
+from specwatch.canary import serve as serve_mod
 from specwatch.canary.judge import CanaryVerdict, judge
 from specwatch.canary.samples import Data, from_event_log, from_prometheus, parse_window
 from specwatch.canary.watch import AdminError, push_verdict, watch
@@ -72,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, help="--watch: stop after this many evaluations")
     p.add_argument("--stop-split", action="store_true",
                    help="--watch: on a failed verdict set the candidate's weight to 0 at --push-to")
+    p.add_argument("--serve", metavar="HOST:PORT",
+                   help="judge every --interval seconds and answer GET /verdict[?task=T] here, for Argo Rollouts "
+                        "and Flagger (200 pass, 412 fail, 425 inconclusive; ?always_200=true for Argo's web "
+                        "provider); runs until SIGTERM / SIGINT")
 
 
 def _usage(message: str) -> int:
@@ -89,6 +97,20 @@ def _print(verdict: CanaryVerdict, out: Path | None) -> None:
         print(f"report: {md}\n        {js}", flush=True)
 
 
+def _serve(cfg: CanaryConfig, address: tuple[str, int], args: argparse.Namespace) -> int:
+    """`--serve`: until SIGTERM / SIGINT (or --rounds evaluations); 0 at a clean stop, 1 where it cannot listen."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve_mod.serve(address, lambda: evaluate(cfg), args.interval, lambda v: _print(v, args.out), stop,
+                        args.rounds)
+    except OSError as exc:
+        print(f"specwatch canary: cannot serve on {args.serve}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_PASS
+
+
 def run(home: Home, args: argparse.Namespace) -> int:
     if not args.prometheus and not args.event_log:
         return _usage("give --prometheus URL and/or --event-log FILE")
@@ -101,9 +123,12 @@ def run(home: Home, args: argparse.Namespace) -> int:
         return _usage("--stop-split needs --watch and --push-to EXPORTER_URL")
     if args.interval <= 0:
         return _usage("--interval must be positive")
+    if args.serve and (args.watch or args.stop_split):
+        return _usage("--serve keeps judging on its own: leave out --watch and --stop-split")
     try:
         parse_window(args.window)
         policy = policy_mod.load(args.policy)
+        address = serve_mod.parse_address(args.serve) if args.serve else None
     except ValueError as exc:
         return _usage(str(exc))
     token = os.environ.get(args.admin_token_env) if args.push_to else None
@@ -111,6 +136,8 @@ def run(home: Home, args: argparse.Namespace) -> int:
         return _usage(f"--push-to needs the exporter's admin token in ${args.admin_token_env}")
     cfg = CanaryConfig(args.baseline, args.candidate, args.window, tuple(dict.fromkeys(args.task)), policy,
                        args.prometheus, args.event_log)
+    if address is not None:
+        return _serve(cfg, address, args)
     try:
         if args.watch:
             verdict = watch(lambda: evaluate(cfg), args.interval, lambda v: _print(v, args.out), args.push_to,
