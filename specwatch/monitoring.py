@@ -28,6 +28,11 @@ class Window:
         """The operation suffix of recording rules over this window (`..._rate5m`)."""
         return f"rate{self.duration}"
 
+    @property
+    def seconds(self) -> float:
+        units = {"s": 1, "m": 60, "h": 3600}
+        return float(self.duration[:-1]) * units[self.duration[-1]]
+
 
 @dataclass(frozen=True)
 class Jobs:

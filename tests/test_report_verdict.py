@@ -228,6 +228,25 @@ def test_a_faster_variant_that_streams_in_bursts_is_go_with_a_caution_not_no_go(
     assert found["itl_p95"] == "worse" and found["tpot"] == "better" and found["output_tps"] == "better", v.reason
     assert v.outcome == "go", v.reason
     assert "caution: ITL p95 worse beyond the tolerance" in v.reason
+    assert "a caution when comparing speculation vs none" in v.reason
+
+
+def test_the_same_bursts_against_a_baseline_that_speculates_too_are_no_go() -> None:
+    """One speculative config against another (the policy's speculation_vs_speculation): ITL p95 is a gate."""
+    rng = random.Random("bursts")
+    fast = _variant("bursty", DEMO_REQUESTS, 0.04, 7)
+    for r in fast.requests[TARGET]["code"]:
+        step = (r.tpot_s or 0.04) * 3
+        r.itl_s = [step * rng.lognormvariate(0, 0.1) if i % 3 == 2 else 0.0005 for i in range(len(r.itl_s))]
+    base = _variant("baseline", DEMO_REQUESTS, 0.06, 7)
+    base.speculative = True  # say k = 3 against the candidate's k = 5
+    v = _one(base, fast)
+    assert {m.metric: m.finding for m in v.metrics}["itl_p95"] == "worse"
+    assert v.outcome == "no-go", v.reason
+    assert "ITL p95 worse than the baseline beyond the tolerance" in v.reason and "caution" not in v.reason
+    forced = policy_mod.parse({**yaml.safe_load(resources.CANARY_POLICY.read_text()),
+                               "comparison": "speculation_vs_none"})
+    assert verdict.deciding(forced, True) == (("tpot", "output_tps"), "speculation_vs_none")  # the policy's word wins
 
 
 def _tokens(texts: list[str], chosen: list[float], runner_up: list[tuple[str, float]]) -> tuple[Token, ...]:

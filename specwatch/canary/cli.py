@@ -91,7 +91,8 @@ def _print(verdict: CanaryVerdict, out: Path | None) -> None:
     for t in verdict.tasks:
         score = "-" if t.score is None else f"{t.score:.0f}"
         print(f"{report.LABELS[t.verdict]:<17} {t.task:<8} score {score:>3}  {t.reasons[0] if t.reasons else ''}")
-    print(f"verdict: {report.LABELS[verdict.verdict]}", flush=True)
+    print(f"verdict: {report.LABELS[verdict.verdict]} (comparison: {verdict.comparison.replace('_', ' ')})",
+          flush=True)
     if out is not None:
         md, js = report.write(verdict, out)
         print(f"report: {md}\n        {js}", flush=True)

@@ -12,6 +12,9 @@ After Kayenta's judge, stricter on evidence:
 - Fewer than `min_samples` on either side is `insufficient`, never a pass: it is left out of
   the score, and when the metric is critical the task's verdict is "insufficient data".
 - High or low fails the metric only in its bad direction (a faster TPOT is `low` and passes).
+- A metric the policy names a caution for the comparison's kind (ITL p95 when the baseline does not
+  speculate: `policy.comparisons`) is judged and shown, and a bad change is said as a caution: it
+  neither fails the task nor lowers the score.
 - Score = 100 x the weight of the metrics that did not fail / the weight of those judged.
   A critical metric that failed fails the task; otherwise score >= pass is pass, >= marginal
   is marginal, below is fail. The overall verdict is the worst task's (fail, insufficient
@@ -20,12 +23,13 @@ After Kayenta's judge, stricter on evidence:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from specwatch import judge as judge_mod
-from specwatch.canary.policy import MetricPolicy, Policy
+from specwatch.canary.policy import SPECULATION_VS_NONE, MetricPolicy, Policy
 from specwatch.canary.samples import METRICS, Data, Side
 from specwatch.judge import State
 from specwatch.stats import Shift
@@ -49,6 +53,7 @@ class MetricResult:
     effect: Shift | None = None  # ratio or difference, with its interval where there is one
     p_value: float | None = None
     reason: str = ""
+    caution: bool = False  # a bad change here is a caution for this comparison's kind, not a failure
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class CanaryVerdict:
     verdict: Verdict
     tasks: tuple[TaskVerdict, ...]
     sources: tuple[str, ...] = field(default_factory=tuple)
+    comparison: str = ""  # the policy's comparison kind this verdict was judged as
 
 
 def _fmt(value: float | None, unit: str) -> str:
@@ -164,8 +170,19 @@ def judge_metric(mp: MetricPolicy, policy: Policy, base: Side, cand: Side) -> Me
                         Shift(point, point, point, 0.0), None, reason)
 
 
-def judge_task(task: str, policy: Policy, base: Side, cand: Side) -> TaskVerdict:
-    results = tuple(judge_metric(mp, policy, base, cand) for mp in policy.metrics)
+def as_caution(result: MetricResult, kind: str) -> MetricResult:
+    """A failed metric that is a caution for `kind`: shown as such, neither failing nor scored down."""
+    if not result.failed:
+        return dataclasses.replace(result, caution=True)
+    why = "tokens arrive in bursts against a baseline that does not speculate" if kind == SPECULATION_VS_NONE else kind
+    reason = result.reason.replace(" — fail (critical)", "").replace(" — fail", "")
+    return dataclasses.replace(result, failed=False, caution=True,
+                               reason=f"{reason} — caution ({kind.replace('_', ' ')}: {why})")
+
+
+def judge_task(task: str, policy: Policy, base: Side, cand: Side, kind: str = "") -> TaskVerdict:
+    results = tuple(as_caution(r, kind) if policy.is_caution(mp.name, kind) else r
+                    for mp, r in ((mp, judge_metric(mp, policy, base, cand)) for mp in policy.metrics))
     judged = [r for r in results if r.state != "insufficient"]
     weight = sum(r.weight for r in judged)
     score = 100 * sum(r.weight for r in judged if not r.failed) / weight if weight > 0 else None
@@ -184,6 +201,7 @@ def judge_task(task: str, policy: Policy, base: Side, cand: Side) -> TaskVerdict
         verdict = "pass" if score >= policy.pass_score else "marginal" if score >= policy.marginal_score else "fail"
         reasons.append(f"score {score:.0f} (pass at {policy.pass_score:g}, marginal at {policy.marginal_score:g})")
         reasons += [f"failed: {r.reason}" for r in results if r.failed]
+    reasons += [f"caution: {r.reason}" for r in results if r.caution and r.state in ("high", "low")]
     reasons += [f"not judged: {r.reason}" for r in results if r.state == "insufficient" and not r.critical]
     return TaskVerdict(task, verdict, score, results, tuple(reasons))
 
@@ -194,7 +212,15 @@ def worst(verdicts: Sequence[Verdict]) -> Verdict:
 
 def judge(policy: Policy, data: Data, baseline: str, candidate: str, tasks: Sequence[str], window: str,
           sources: Sequence[str] = ()) -> CanaryVerdict:
-    """The verdict for every task; a task without data on a side is judged on an empty side (insufficient)."""
-    out = tuple(judge_task(t, policy, data.get((t, baseline), Side()), data.get((t, candidate), Side()))
+    """The verdict for every task; a task without data on a side is judged on an empty side (insufficient).
+    The comparison's kind is the policy's, or (auto) speculation against speculation when the baseline drafted."""
+    kind = policy.kind(baseline_speculates(data, baseline))
+    out = tuple(judge_task(t, policy, data.get((t, baseline), Side()), data.get((t, candidate), Side()), kind)
                 for t in tasks)
-    return CanaryVerdict(baseline, candidate, window, worst([t.verdict for t in out]), out, tuple(sources))
+    return CanaryVerdict(baseline, candidate, window, worst([t.verdict for t in out]), out, tuple(sources), kind)
+
+
+def baseline_speculates(data: Data, baseline: str) -> bool:
+    """Whether the baseline drafted in the window: acceptance samples (event log) or a figure (Prometheus)."""
+    return any(side.samples.get("acceptance_rate") or side.figures.get("acceptance_rate") is not None
+               for (_, variant), side in data.items() if variant == baseline)

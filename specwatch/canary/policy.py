@@ -3,14 +3,18 @@
 Per metric: the direction in which a change is bad, the tolerance that separates "no
 meaningful change" from high / low, a weight for the score, and whether its failure fails the
 whole verdict. Globally: the minimum samples per side, the test's significance level, the
-interval's confidence, and the score thresholds for pass and marginal. Errors name the key.
-The default ships as package data: `specwatch/data/canary-policy.yaml`.
+interval's confidence, and the score thresholds for pass and marginal. Per **comparison kind**
+(speculation against none, one speculative config against another): the metrics that are a
+caution there, judged and shown but never failing the verdict (ITL p95 against a baseline that
+does not speculate: tokens arrive in bursts, which is what speculation looks like). The study, the
+canary and the generated alerts read the same file. Errors name the key. The default ships as
+package data: `specwatch/data/canary-policy.yaml`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -21,6 +25,9 @@ from specwatch.canary.samples import METRICS
 from specwatch.judge import MIN_SAMPLES, Rules
 
 Direction = Literal["lower_is_better", "higher_is_better", "no_change"]
+SPECULATION_VS_NONE, SPECULATION_VS_SPECULATION = "speculation_vs_none", "speculation_vs_speculation"
+KINDS = (SPECULATION_VS_NONE, SPECULATION_VS_SPECULATION)
+AUTO = "auto"  # the kind from the data: speculation_vs_speculation when the baseline drafts too
 DIRECTIONS: tuple[Direction, ...] = ("lower_is_better", "higher_is_better", "no_change")
 DEFAULT_POLICY = resources.CANARY_POLICY
 
@@ -59,9 +66,21 @@ class Policy:
     confidence: float = 0.95  # of the Hodges-Lehmann / Newcombe intervals
     pass_score: float = DEFAULT_PASS_SCORE
     marginal_score: float = DEFAULT_MARGINAL_SCORE
+    comparison: str = AUTO  # a kind of KINDS, or AUTO
+    cautions: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {
+        SPECULATION_VS_NONE: ("itl_p95",), SPECULATION_VS_SPECULATION: ()})
 
     def metric(self, name: str) -> MetricPolicy:
         return next(m for m in self.metrics if m.name == name)
+
+    def kind(self, baseline_speculates: bool | None) -> str:
+        """The comparison kind: the policy's, or with `auto` the data's (None: not known, as against none)."""
+        if self.comparison != AUTO:
+            return self.comparison
+        return SPECULATION_VS_SPECULATION if baseline_speculates else SPECULATION_VS_NONE
+
+    def is_caution(self, metric: str, kind: str) -> bool:
+        return metric in self.cautions.get(kind, ())
 
     @property
     def rules(self) -> Rules:
@@ -111,7 +130,8 @@ def parse(doc: Any, where: str = "policy") -> Policy:
     """A parsed YAML document to a `Policy`."""
     if not isinstance(doc, Mapping):
         raise PolicyError(f"{where}: expected a mapping at the top level")
-    unknown = set(doc) - {"version", "min_samples", "alpha", "confidence", "score", "metrics"}
+    unknown = set(doc) - {"version", "min_samples", "alpha", "confidence", "score", "metrics", "comparison",
+                          "comparisons"}
     if unknown:
         raise PolicyError(f"{where}: unknown keys {sorted(unknown)}")
     if doc.get("version", 1) != 1:
@@ -136,7 +156,29 @@ def parse(doc: Any, where: str = "policy") -> Policy:
     confidence = _number(doc, "confidence", where, 0.95, high=0.9999)
     if alpha == 0 or confidence < 0.5:
         raise PolicyError(f"{where}: alpha must be above 0 and confidence at least 0.5")
-    return Policy(metrics, min_samples, alpha, confidence, pass_score, marginal)
+    comparison, cautions = _comparisons(doc, where, {m.name for m in metrics})
+    return Policy(metrics, min_samples, alpha, confidence, pass_score, marginal, comparison, cautions)
+
+
+def _comparisons(doc: Mapping[str, Any], where: str, metrics: set[str]) -> tuple[str, dict[str, tuple[str, ...]]]:
+    """`comparison` (a kind or auto) and `comparisons` ({kind: {cautions: [metric, ...]}}; every kind named)."""
+    comparison = doc.get("comparison", AUTO)
+    if comparison != AUTO and comparison not in KINDS:
+        raise PolicyError(f"{where}.comparison: expected {AUTO} or one of {', '.join(KINDS)}, got {comparison!r}")
+    raw = doc.get("comparisons", {SPECULATION_VS_NONE: {"cautions": ["itl_p95"]},
+                                  SPECULATION_VS_SPECULATION: {"cautions": []}})
+    if not isinstance(raw, Mapping) or set(raw) != set(KINDS):
+        raise PolicyError(f"{where}.comparisons: expected a mapping with exactly {', '.join(KINDS)}")
+    cautions: dict[str, tuple[str, ...]] = {}
+    for kind, body in raw.items():
+        if not isinstance(body, Mapping) or set(body) - {"cautions"}:
+            raise PolicyError(f"{where}.comparisons.{kind}: expected a mapping with `cautions: [metric, ...]`")
+        names = body.get("cautions") or []
+        if not isinstance(names, list) or any(n not in metrics for n in names):
+            raise PolicyError(f"{where}.comparisons.{kind}.cautions: expected a list of the policy's metrics "
+                              f"({', '.join(sorted(metrics))}), got {names!r}")
+        cautions[str(kind)] = tuple(names)
+    return str(comparison), cautions
 
 
 def load(path: Path | None = None) -> Policy:

@@ -41,7 +41,8 @@ def _effect(r: MetricResult) -> str:
 def markdown(verdict: CanaryVerdict) -> str:
     lines = [f"# Canary: {verdict.candidate} against {verdict.baseline}", "",
              f"Verdict: **{LABELS[verdict.verdict]}** (window {verdict.window}; "
-             f"sources: {', '.join(verdict.sources) or '-'})", ""]
+             f"sources: {', '.join(verdict.sources) or '-'}; comparison: "
+             f"{verdict.comparison.replace('_', ' ') or '-'})", ""]
     for t in verdict.tasks:
         score = "-" if t.score is None else f"{t.score:.0f}"
         lines += [f"## Task `{t.task}`: {LABELS[t.verdict]} (score {score})", ""]
@@ -49,7 +50,7 @@ def markdown(verdict: CanaryVerdict) -> str:
         lines += ["", "| metric | state | baseline | candidate | effect [CI] | p | n (b / c) | weight | critical |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in t.metrics:
-            state = r.state + (" (fail)" if r.failed else "")
+            state = r.state + (" (fail)" if r.failed else " (caution)" if r.caution and r.state != "pass" else "")
             p = "-" if r.p_value is None else f"{r.p_value:.2g}"
             lines.append(f"| {METRICS[r.metric].title} | {state} | {_value(r, r.baseline)} | "
                          f"{_value(r, r.candidate)} | {_effect(r)} | {p} | {r.n_baseline} / {r.n_candidate} | "

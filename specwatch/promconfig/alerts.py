@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from specwatch.canary import policy as policy_mod
 from specwatch.monitoring import MONITORING, AlertSetting, percent
 
 S = MONITORING
@@ -46,19 +47,49 @@ def candidate_traffic(matchers: str = "") -> str:
     return f'sum by (task) (variant_task:specwatch_requests:{S.slow.rate}{{variant="{S.candidate}"{extra}}}) * 60'
 
 
-def _canary(setting: AlertSetting, metric: str, what: str, comment: str) -> AlertingRule:
+def baseline_drafts() -> str:
+    """Per task, the baseline drafts too (a speculative config against another): the policy's
+    speculation_vs_speculation, told apart as `specwatch canary` and the report do."""
+    return (f'sum by (task) (variant_task:specwatch_draft_tokens:{S.slow.rate}{{variant="{S.baseline}"}}) > 0')
+
+
+def _canary(setting: AlertSetting, metric: str, what: str, comment: str, only_if: str = "") -> AlertingRule:
     return AlertingRule(
         setting,
         f"task_quantile:{metric}:candidate_over_baseline_{S.slow.rate} > {setting.level:g}\n"
-        f"and on (task)\n{candidate_traffic()} >= {A.min_candidate_requests_per_minute:g}",
+        f"and on (task)\n{candidate_traffic()} >= {A.min_candidate_requests_per_minute:g}"
+        + (f"\nand on (task)\n{only_if}" if only_if else ""),
         comment,
         f"Candidate {what} regressed for {{{{ $labels.task }}}}",
         f"For task {{{{ $labels.task }}}} the candidate's {what} is {{{{ $value | printf \"%.2f\" }}}}x the "
         f"baseline's over {S.slow.duration}.")
 
 
-def alerting_rules() -> list[AlertingRule]:
+def _itl_regression(policy: policy_mod.Policy) -> list[AlertingRule]:
+    """The ITL alert as the policy's comparison kinds say: none where ITL p95 is a caution in both kinds, only
+    where the baseline drafts too where it is a caution against a baseline that does not speculate."""
+    none = policy.is_caution("itl_p95", policy_mod.SPECULATION_VS_NONE)
+    both = policy.is_caution("itl_p95", policy_mod.SPECULATION_VS_SPECULATION)
+    fixed = None if policy.comparison == policy_mod.AUTO else policy.is_caution("itl_p95", policy.comparison)
+    if fixed or (none and both):
+        return []
+    only_if = baseline_drafts() if none and fixed is None else ""
+    when = (" when the baseline speculates too (against a baseline that does not, tokens arrive in bursts: the "
+            "canary policy's\ncaution, not a regression)") if only_if else ""
+    excess = _excess(A.itl_regression)
+    return [_canary(A.itl_regression, S.exporter.itl, "ITL p99",
+                    f"Canary: the candidate's ITL p99 is more than {excess} above the baseline's for a task{when}.",
+                    only_if)]
+
+
+def restarted(window_seconds: float) -> str:
+    """Per variant, a vLLM engine of it started within the window: its counters reset inside the window."""
+    return f'max by (variant) (process_start_time_seconds{{job="{S.jobs.vllm}"}}) > time() - {window_seconds:g}'
+
+
+def alerting_rules(policy: policy_mod.Policy | None = None) -> list[AlertingRule]:
     """Every alert, in the order of the rule file and the runbook."""
+    policy = policy or policy_mod.load()
     slow, w = S.slow.rate, S.slow.duration
     return [
         AlertingRule(
@@ -90,17 +121,18 @@ def alerting_rules() -> list[AlertingRule]:
             f"{w}; per-task acceptance is blind."),
         AlertingRule(
             A.reconciliation_drift,
-            f"abs(variant:specwatch_reconciliation:ratio_{slow} - 1) > {A.reconciliation_drift.level:g}",
-            "The exporter's summed verify steps no longer match vLLM's drafts counter for a variant.",
+            f"abs(variant:specwatch_reconciliation:ratio_{slow} - 1) > {A.reconciliation_drift.level:g}\n"
+            f"unless on (variant)\n{restarted(S.slow.seconds)}",
+            "The exporter's summed verify steps no longer match vLLM's drafts counter for a variant. Quiet while an "
+            "engine of\nthe variant started within the window (a restart resets its counters and loses what was in "
+            "flight):\nit waits out the reset.",
             "Exporter and vLLM disagree on {{ $labels.variant }}",
             "The exporter's verify steps differ from vLLM's drafts by {{ $value | humanizePercentage }} over "
             f"{w} on variant {{{{ $labels.variant }}}}."),
         _canary(A.tpot_regression, S.exporter.tpot, "TPOT p95",
                 f"Canary: the candidate's client-side TPOT p95 is more than {_excess(A.tpot_regression)} above the "
                 "baseline's for a task."),
-        _canary(A.itl_regression, S.exporter.itl, "ITL p99",
-                f"Canary: the candidate's ITL p99 is more than {_excess(A.itl_regression)} above the baseline's for a "
-                "task."),
+        *_itl_regression(policy),
         AlertingRule(
             A.preemptions,
             f"variant:vllm_num_preemptions:{slow} > {A.preemptions.level:g}",

@@ -15,7 +15,8 @@ The verdict:
   `specwatch.report.quality`); the KV capacity lost is above the bound (these three exact rules as
   before); or TPOT or output tokens/s is worse
   beyond its tolerance (the judge's `high` / `low` in the metric's bad direction: a canary fail).
-  A worse ITL p95 is said as a caution (see DECIDING), not a NO-GO.
+  A worse ITL p95 is said as a caution against a baseline that does not speculate, and is a NO-GO
+  like TPOT against one that does (the policy's comparison kinds, `deciding`).
 - GO: TPOT and output tokens/s both better beyond their tolerance (the article's "both beat the
   baseline", with evidence) and nothing for a NO-GO.
 - INCONCLUSIVE: anything else. Fewer samples than the judge's minimum (the canary's
@@ -54,10 +55,18 @@ LABELS: dict[Outcome, str] = {"go": "GO", "no-go": "NO-GO", "inconclusive": "INC
 TITLES = {"tpot": "TPOT", "itl_p95": "ITL p95", "output_tps": "output tok/s", "acceptance_rate": "acceptance"}
 Finding = Literal["better", "worse", "no change", "undecided", "insufficient data"]
 MIN_ACCEPTANCE_REQUESTS = 8  # the acceptance rate's interval is over requests: fewer give a figure, no interval
-# The article's rule decides on TPOT and output tokens/s. The ITL tail is judged and shown, and a worse
-# one is a caution, not a NO-GO: a chunk's gap is a whole step, and a verify step is longer than a plain
-# one by construction, so every speculative config streams in longer bursts even where it wins.
+# The article's rule decides on TPOT and output tokens/s. The ITL tail is judged and shown; against a
+# baseline that does not speculate a worse one is a caution, not a NO-GO (a chunk's gap is a whole step,
+# and a verify step is longer than a plain one by construction, so every speculative config streams in
+# longer bursts even where it wins); between two speculative configs it decides too. The policy's
+# comparison kinds say which (`deciding`), for the canary and the alerts alike.
 DECIDING = ("tpot", "output_tps")
+
+
+def deciding(policy: policy_mod.Policy, baseline_speculates: bool) -> tuple[tuple[str, ...], str]:
+    """The metrics whose worse change is a NO-GO for this comparison, and the comparison's kind."""
+    kind = policy.kind(baseline_speculates)
+    return DECIDING + tuple(m for m in ("itl_p95",) if not policy.is_caution(m, kind)), kind
 
 
 @dataclass(frozen=True)
@@ -279,7 +288,8 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
     no_go = False
     perf = perf_lines(v, baseline, target, task, policy)
     reasons.append(f"at concurrency {target}: " + "; ".join(m.text for m in perf))
-    worse = [TITLES[m.metric] for m in perf if m.finding == "worse" and m.metric in DECIDING]
+    gates, kind = deciding(policy, baseline.speculative)
+    worse = [TITLES[m.metric] for m in perf if m.finding == "worse" and m.metric in gates]
     decided = bool(worse) or _gain(perf)
     note = _drift_reason(design, drifts(v, baseline, task, target, policy), perf, decided,
                          _metric_policy(policy, "tpot").allowed_increase)
@@ -290,9 +300,9 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
     if worse:
         no_go = True
         reasons.append(f"{' and '.join(worse)} worse than the baseline beyond the tolerance")
-    if any(m.finding == "worse" for m in perf if m.metric not in DECIDING):
+    if any(m.finding == "worse" for m in perf if m.metric not in gates):
         reasons.append("caution: ITL p95 worse beyond the tolerance (tokens arrive in bursts: a verify step "
-                       "takes longer than a plain one)")
+                       f"takes longer than a plain one; a caution when comparing {kind.replace('_', ' ')})")
     gain = _gain(perf) and not void
     judged = all(m.finding != "insufficient data" for m in perf if m.metric in ("tpot", "output_tps"))
     lines = list(perf)
