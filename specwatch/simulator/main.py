@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from specwatch.simulator.args import SimArgs, parse_sim_args
 from specwatch.simulator.capacity import num_gpu_blocks
@@ -51,6 +51,8 @@ def build(args: SimArgs) -> tuple[SimApi, Engine]:
         args.sim.gpu, args.gpu_memory_utilization, args.block_size, method)
     max_model_len = args.max_model_len or DEFAULT_MAX_MODEL_LEN
     registry = CollectorRegistry()
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):  # as vLLM's default registry: process_*,
+        collector(registry=registry)  # python_info, python_gc_* (process_start_time_seconds tells a restart)
     metrics = VllmMetrics(registry, args.served_model_names[0], max_model_len,
                           args.speculative.num_speculative_tokens if args.speculative else None,
                           cache_config_labels(args, blocks, max_model_len))
