@@ -449,6 +449,19 @@ def test_a_candidate_down_mid_load_fails_no_request_after_the_first_and_gets_its
     on the side that served it, and the baseline's server counted exactly what the exporter counted."""
     service = candidate_server(stack)
     before, server_before = stack.exporter_samples(), server_counters(stack)
+    restarts = stack.inspect(service)["RestartCount"]
+
+    def kill_at_10(i: int) -> None:
+        if i == 10:  # the engine dies as an OOM kill would; the restart policy brings it back
+            os.kill(stack.inspect(service)["State"]["Pid"], signal.SIGKILL)
+    killed = ask_split(stack, 40, kill_at_10)
+    lost = [i for i, s in enumerate(killed) if s != 200]
+    assert len(lost) <= 3 and all(10 <= i < 16 for i in lost), killed  # in flight, or sent before it was known
+    stack.wait(f"{service} restarted", lambda: True if stack.inspect(service)["RestartCount"] > restarts else None,
+               timeout=60, services=(service,), interval=1)
+    stack.wait("the candidate in the split", lambda: True if total(
+        stack.exporter_samples(), "specwatch_upstream_routable", variant="candidate") == 1 else None,
+        timeout=90, interval=2)
     stopped = []
 
     def stop_at_10(i: int) -> None:
@@ -473,7 +486,7 @@ def test_a_candidate_down_mid_load_fails_no_request_after_the_first_and_gets_its
     assert ask_split(stack, 30) == [200] * 30
     after = stack.exporter_samples()
     assert total(after, "specwatch_requests_total", variant="candidate", outcome="ok") - back_before >= 5
-    sent = 90
+    sent = 40 + 60 + 30
     assert total(after, "specwatch_requests_total") - total(before, "specwatch_requests_total") == sent
     # the baseline served what the split and the rerouting gave it, counted alike by its server and the exporter
     server_after = server_counters(stack)
@@ -481,7 +494,7 @@ def test_a_candidate_down_mid_load_fails_no_request_after_the_first_and_gets_its
               - total(before, "specwatch_requests_total", variant="baseline", outcome="ok"))
     name = "vllm:request_success_total"
     assert server_after[(name, "baseline")] - server_before.get((name, "baseline"), 0.0) == served
-    print(f"{stack.project}: failed {failed}, rerouted {moved:g}, stopped at {stopped}")
+    print(f"{stack.project}: killed: failed {lost}; stopped: failed {failed}, rerouted {moved:g} ({stopped})")
 
 
 def wait_recorded(stack: ComposeStack, query: str, want: float) -> None:
