@@ -8,6 +8,7 @@ from pip's configured index once, then from a wheelhouse in pytest's cache (`pip
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -145,30 +146,37 @@ def test_up_help(venv: Path, tmp_path: Path) -> None:
     assert "usage: specwatch up" in result.stdout and "--backend" in result.stdout
 
 
+@contextlib.contextmanager
+def installed_exporter(env: Path, upstream: str, folder: Path) -> Iterator[str]:
+    """`specwatch exporter` of the venv `env` in front of `upstream`, healthy; its URL. Its log: folder/exporter.log."""
+    port = free_port()
+    log_path = folder / "exporter.log"
+    with log_path.open("wb") as log:
+        argv = [str(env / "bin" / "specwatch"), "exporter", f"--upstream=baseline={upstream}",
+                f"--web.listen-address=127.0.0.1:{port}"]
+        proc = subprocess.Popen(argv, cwd=folder, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, log_path.read_text()
+                try:
+                    if requests.get(url + "/healthz", timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "the exporter never answered /healthz"
+                time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 @pytest.fixture
 def exporter(venv: Path, tmp_path: Path) -> Iterator[str]:
-    port, nobody = free_port(), free_port()
-    log = (tmp_path / "exporter.log").open("wb")
-    argv = [str(venv / "bin" / "specwatch"), "exporter", f"--upstream=baseline=http://127.0.0.1:{nobody}",
-            f"--web.listen-address=127.0.0.1:{port}"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "exporter.log").read_text()
-            try:
-                if requests.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "the exporter never answered /healthz"
-            time.sleep(0.2)
+    with installed_exporter(venv, f"http://127.0.0.1:{free_port()}", tmp_path) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def test_the_installed_exporter_serves_health_and_metrics(exporter: str) -> None:
@@ -199,37 +207,18 @@ def test_a_build_without_a_c_compiler_installs_and_relays_in_python(
     env = installed_venv(tmp, pytestconfig, {"CC": "/bin/false", "LDSHARED": "/bin/false"})
     code = "import json; from specwatch.exporter import fastrelay; print(json.dumps(fastrelay.AVAILABLE))"
     assert installed(env, code, tmp) is False
-    port = free_port()
-    log_path = tmp / "exporter.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([str(env / "bin" / "specwatch"), "exporter", f"--upstream=baseline={sim_baseline.url}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], cwd=tmp, env=clean_env(), stdout=log,
-                                stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, log_path.read_text()
-                try:
-                    if requests.get(url + "/healthz", timeout=2).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    pass
-                assert time.monotonic() < deadline, "the exporter never answered /healthz"
-                time.sleep(0.2)
-            body = {"model": "spec-demo", "stream": True, "max_tokens": 24, "temperature": 0,
-                    "messages": [{"role": "user", "content": "def fib(n):"}]}
-            streamed = requests.post(url + "/v1/chat/completions", json=body, timeout=60,
-                                     headers={"X-Specwatch-Task": "code"})
-            assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]"), streamed.text[-300:]
-            exposition = requests.get(url + "/metrics", timeout=5).text
-            families = {f.name: f for f in text_string_to_metric_families(exposition)}
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with installed_exporter(env, sim_baseline.url, tmp) as url:
+        body = {"model": "spec-demo", "stream": True, "max_tokens": 24, "temperature": 0,
+                "messages": [{"role": "user", "content": "def fib(n):"}]}
+        streamed = requests.post(url + "/v1/chat/completions", json=body, timeout=60,
+                                 headers={"X-Specwatch-Task": "code"})
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]"), streamed.text[-300:]
+        exposition = requests.get(url + "/metrics", timeout=5).text
+    families = {f.name: f for f in text_string_to_metric_families(exposition)}
     relays = {s.labels["relay"]: s.value for s in families["specwatch_relay"].samples}
     assert relays.get("python") == 1 and not relays.get("compiled"), relays
     ok = [s for s in families["specwatch_requests"].samples
           if s.name == "specwatch_requests_total" and s.labels.get("outcome") == "ok" and s.value]
     assert [(s.labels["variant"], s.labels["task"], s.value) for s in ok] == [("baseline", "code", 1.0)], ok
-    assert "content chunks relayed by the python relay (the compiled relay is not built" in log_path.read_text()
+    assert "content chunks relayed by the python relay (the compiled relay is not built" in \
+        (tmp / "exporter.log").read_text()
