@@ -1,8 +1,9 @@
-"""The `specwatch` command: a table of verbs, each a module with its parser and its run.
+"""specwatch: observe and judge speculative decoding on vLLM — per-request acceptance by task, studies, canaries.
 
-A verb's module exposes `add_arguments(parser)` and `run(home, args) -> int`; a verb marked
-`own_argv` (its argv is `vllm serve`-style or its own server's) exposes `main(argv) -> int` and
-gets every argument after its name unparsed. Modules are imported only when their verb runs.
+The command is a table of verbs, each a module with its parser and its run. A verb's module exposes
+`add_arguments(parser)` and `run(home, args) -> int`; a verb marked `own_argv` (its argv is `vllm
+serve`-style or its own server's) exposes `main(argv) -> int` and gets every argument after its name
+unparsed. Modules are imported only when their verb runs.
 
 Exit codes: 0 success, 1 a runtime failure (message on stderr), 2 a usage error,
 3 the job ran but a check failed (reconciliation mismatch, missing per-request fields).
@@ -38,7 +39,8 @@ VERBS: dict[str, Verb] = {
     "workloads": Verb("specwatch.verbs.workloads", "write the article's code.jsonl and chat.jsonl"),
     "experiment": Verb("specwatch.experiment.cli",
                        "run a study plan: each variant's server in turn, acceptance and Locust passes"),
-    "demo": Verb("specwatch.verbs.demo", "the main job: real vLLM on CPU, n-gram, per-task acceptance"),
+    "demo": Verb("specwatch.verbs.demo", "a one-server check: real vLLM on CPU with n-gram, per-task acceptance "
+                 "reconciled (the main job is `make demo`: `specwatch experiment`)"),
     "up": Verb("specwatch.stack.cli",
                "the stack on loopback without Docker: servers, exporter, Prometheus, Locust"),
     "tune": Verb("specwatch.tune.cli",

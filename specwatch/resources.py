@@ -5,8 +5,9 @@
                              names), tests/ (promtool unit tests of the rules)
     grafana/                 provisioning/ (datasource with a fixed uid, dashboard provider), dashboards/
 
-These are the only copies: compose, the images, deploy/k8s and the local stack all read them from here,
-so a wheel (or `pip install --no-deps .` in the image) works outside the checkout. Prometheus and
+Compose, the images and the local stack read them from here; deploy/k8s keeps generated copies of the
+rules and dashboards (kustomize reads no file outside its folder; `make generate` writes them and a test
+fails on a stale one). So a wheel (or `pip install --no-deps .` in the image) works outside the checkout. Prometheus and
 Grafana are handed folders, so the package must be installed as files (a zipped install is refused).
 """
 

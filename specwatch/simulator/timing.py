@@ -76,10 +76,6 @@ def forward_ms(model: str, batch: int, tokens_per_seq: float, context: float) ->
     return _table(model, lo, batch, tokens_per_seq) * (1 - w) + _table(model, hi, batch, tokens_per_seq) * w
 
 
-def prefill_ms(prompt_tokens: int) -> float:
-    return PREFILL_BASE_MS + PREFILL_PER_TOKEN_MS * prompt_tokens
-
-
 def draft_ms(method: str, batch: int, k: int, context: float, verify_ms: float) -> float:
     """The drafting cost of one step for `batch` sequences with k draft slots each."""
     if batch <= 0 or k <= 0:

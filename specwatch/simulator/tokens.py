@@ -16,6 +16,3 @@ def tokenize(text: str) -> list[str]:
     assert "".join(pieces) == text, "tokenizer must be lossless"
     return pieces
 
-
-def detokenize(pieces: list[str]) -> str:
-    return "".join(pieces)
