@@ -456,7 +456,8 @@ def test_a_candidate_down_mid_load_fails_no_request_after_the_first_and_gets_its
             os.kill(stack.inspect(service)["State"]["Pid"], signal.SIGKILL)
     killed = ask_split(stack, 40, kill_at_10)
     lost = [i for i, s in enumerate(killed) if s != 200]
-    assert len(lost) <= 3 and all(10 <= i < 16 for i in lost), killed  # in flight, or sent before it was known
+    # at most the 3 requests in a row that mark it down (the split picks it for about half: within the next 25)
+    assert len(lost) <= 3 and all(10 <= i < 35 for i in lost), killed
     stack.wait(f"{service} restarted", lambda: True if stack.inspect(service)["RestartCount"] > restarts else None,
                timeout=60, services=(service,), interval=1)
     stack.wait("the candidate in the split", lambda: True if total(
@@ -471,10 +472,11 @@ def test_a_candidate_down_mid_load_fails_no_request_after_the_first_and_gets_its
     try:
         statuses = ask_split(stack, 60, stop_at_10)
         failed = [i for i, s in enumerate(statuses) if s != 200]
-        assert len(failed) <= 3 and all(10 <= i < 16 for i in failed), statuses  # the first ones after the stop
+        assert len(failed) <= 3 and all(10 <= i < 35 for i in failed), statuses  # the first ones after the stop
+        assert statuses[35:] == [200] * 25
         during = stack.exporter_samples()
         moved = total(during, "specwatch_rerouted_total") - total(before, "specwatch_rerouted_total")
-        assert moved >= 15, moved  # about half of the 50 after the stop
+        assert moved >= 8, moved  # about half of the requests after it was known down
         assert total(during, "specwatch_upstream_routable", variant="candidate") == 0
         assert stack.compose("logs", "exporter").stdout.count("upstream candidate is down") >= 1
     finally:

@@ -157,10 +157,11 @@ def test_a_killed_candidate_loses_no_request_after_the_first_failures_and_gets_i
         statuses = ask(tap.url, 40)
         failed = [i for i, s in enumerate(statuses) if s != 200]
         assert all(s in (200, 502) for s in statuses), statuses
-        assert len(failed) <= 3 and (not failed or max(failed) < 12), statuses  # the first ones only
-        assert statuses[-20:] == [200] * 20
+        # at most the 3 in a row that mark it down (the split picks it for about half: within the first 25)
+        assert len(failed) <= 3 and (not failed or max(failed) < 25), statuses
+        assert statuses[25:] == [200] * 15
         moved = value(tap.url, "specwatch_rerouted_total", **{"from": "candidate", "to": "baseline"})
-        assert moved >= 10, moved  # about half of the 40 after the first failures
+        assert moved >= 5, moved  # about half of the requests after it was known down
         assert value(tap.url, "specwatch_upstream_routable", variant="candidate") == 0
         assert ask(tap.url, 1, **{"X-Specwatch-Variant": "candidate"}) == [502]  # pinned: not rerouted
         errors = value(tap.url, "specwatch_requests_total", variant="candidate", outcome="upstream_error")
