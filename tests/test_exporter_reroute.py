@@ -192,3 +192,32 @@ def test_bad_thresholds_are_refused_with_the_key(tmp_path: Path, bad: str) -> No
     done = subprocess.run([sys.executable, "-m", "specwatch.cli", "exporter", "--config.file", str(config)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and bad.split(":")[0] in done.stderr, done.stderr
+
+
+def test_with_workers_the_down_set_is_shared_and_every_worker_routes_around(
+        service_factory: Factory, sim_factory: Callable[[list[str]], Service], tmp_path: Path) -> None:
+    """`--workers 3`: only worker 0 probes, yet a candidate that is down from the start is routed around by
+    every worker (the down set lives in the shared state); each request on its own connection spreads them."""
+    baseline = sim_factory(NGRAM_SIM_ARGS)
+    config = tmp_path / "exporter.yaml"
+    config.write_text(f"upstreams:\n  baseline: {baseline.url}\n  candidate: http://127.0.0.1:{free_port()}\n"
+                      "split:\n  candidate: 50\nprobe_interval_seconds: 0.5\nworkers: 3\n")
+    tap = service_factory("exporter", ["--config.file", str(config)])
+    deadline = time.monotonic() + 20
+    while value(tap.url, "specwatch_upstream_routable", variant="candidate") != 0:
+        assert time.monotonic() < deadline, tap.log.read_text()[-2000:]
+        time.sleep(0.2)
+    workers = set()
+    for _ in range(30):  # a fresh connection each: the kernel spreads them over the workers' sockets
+        with requests.Session() as session:
+            body = {"model": "spec-demo", "stream": True, "max_tokens": 4, "temperature": 0,
+                    "messages": [{"role": "user", "content": "hi"}]}
+            r = session.post(tap.url + "/v1/chat/completions", json=body, timeout=60,
+                             headers={"X-Specwatch-Task": "chat", "Connection": "close"})
+            assert r.status_code == 200, r.text[:300]
+    for _ in range(20):
+        workers.add(requests.get(tap.url + "/metrics", timeout=5, headers={"Connection": "close"})
+                    .headers.get("X-Specwatch-Worker"))
+    assert len(workers) >= 2, workers  # several workers answered: each saw the candidate down
+    assert value(tap.url, "specwatch_rerouted_total", **{"from": "candidate", "to": "baseline"}) >= 5
+    assert value(tap.url, "specwatch_requests_total", variant="candidate") == 0  # none was sent to it
