@@ -175,8 +175,12 @@ def test_the_verdict_uses_the_thresholds_of_the_canary_alerts():
         assert f"{ratio}{{task=~\"$task\"}}) > bool {setting.threshold:g})" in verdict
         # the same traffic guard, the verdict's filtered by the task variable
         guard = f"* 60 >= {settings.min_candidate_requests_per_minute:g}"
-        assert exprs[setting.name].endswith('{variant="candidate"}) ' + guard)
+        assert '{variant="candidate"}) ' + guard in exprs[setting.name]
         assert verdict.endswith('{variant="candidate",task=~"$task"}) ' + guard + ")")
+    # the policy's comparison kinds, alike in the alert and the verdict: ITL decides only where the baseline drafts
+    drafts = 'variant_task:specwatch_draft_tokens:rate5m{variant="baseline"'
+    assert exprs[settings.itl_regression.name].endswith(drafts + "}) > 0")
+    assert f"and on (task) (sum by (task) ({drafts},task=~\"$task\"}}) > 0))" in verdict
     # the ratio panels draw the same thresholds
     board = boards()["specwatch-canary.json"]
     steps = {p["title"]: [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
@@ -310,20 +314,26 @@ def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str
 
 
 def test_the_verdict_expression_on_promtool(tmp_path):
-    """GO (0) within both thresholds, NO-GO (1) above either, nothing without candidate traffic or numbers."""
+    """GO (0) within the thresholds, NO-GO (1) above one, nothing without candidate traffic or numbers. ITL decides
+    only where the baseline drafts too (the policy's speculation_vs_speculation): against a baseline that does not
+    speculate a longer ITL tail is the bursts speculation delivers."""
     tpot = "task_quantile:specwatch_tpot_seconds:candidate_over_baseline_rate5m"
     itl = "task_quantile:specwatch_itl_seconds:candidate_over_baseline_rate5m"
     requests_rate = "variant_task:specwatch_requests:rate5m"
-    cases = {"ok": (1.0, 1.19, 1), "slow": (1.11, 1.0, 1), "stalls": (1.0, 1.21, 1), "half": ("NaN", 1.0, 1),
-             "quiet": (2.0, 2.0, 0.01), "empty": ("NaN", "NaN", 1)}
+    drafts = "variant_task:specwatch_draft_tokens:rate5m"
+    cases = {"ok": (1.0, 1.19, 1, 0), "slow": (1.11, 1.0, 1, 0), "bursts": (1.0, 1.21, 1, 0),
+             "half": ("NaN", 1.0, 1, 0), "quiet": (2.0, 2.0, 0.01, 0), "empty": ("NaN", "NaN", 1, 0),
+             "ok-spec": (1.0, 1.19, 1, 5), "stalls-spec": (1.0, 1.21, 1, 5), "half-spec": ("NaN", 1.0, 1, 5)}
     series = []
-    for task, (t, i, rps) in cases.items():
+    for task, (t, i, rps, d) in cases.items():
         series += [{"series": f'{tpot}{{task="{task}",quantile="0.95"}}', "values": f"{t} {t} {t}"},
                    {"series": f'{itl}{{task="{task}",quantile="0.99"}}', "values": f"{i} {i} {i}"},
                    {"series": f'{requests_rate}{{task="{task}",variant="candidate"}}', "values": f"{rps}x2"},
-                   {"series": f'{requests_rate}{{task="{task}",variant="baseline"}}', "values": f"{rps}x2"}]
+                   {"series": f'{requests_rate}{{task="{task}",variant="baseline"}}', "values": f"{rps}x2"},
+                   {"series": f'{drafts}{{task="{task}",variant="baseline"}}', "values": f"{d}x2"}]
     expected = [{"labels": f'{{task="{task}"}}', "value": value}
-                for task, value in (("ok", 0), ("slow", 1), ("stalls", 1), ("half", 0))]
+                for task, value in (("ok", 0), ("slow", 1), ("bursts", 0), ("ok-spec", 0), ("stalls-spec", 1),
+                                    ("half-spec", 0))]
     (tmp_path / "empty.yml").write_text("groups: []\n")
     (tmp_path / "verdict.test.yml").write_text(yaml.safe_dump({
         "rule_files": ["empty.yml"], "evaluation_interval": "1m",

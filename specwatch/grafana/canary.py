@@ -39,15 +39,18 @@ PAIR = f'variant=~"{S.baseline}|{S.candidate}",{T}'
 
 
 def verdict_expr() -> str:
-    """Per task: 0 (go) when both canary ratios are within their thresholds, 1 (no-go) when one is above.
+    """Per task: 0 (go) when the canary ratios are within their thresholds, 1 (no-go) when one is above.
 
-    No sample when the candidate lacks traffic or neither ratio is a number, as for the alerts.
+    The ITL ratio counts only where the baseline drafts too (the policy's speculation_vs_speculation, as
+    for the ITL alert); against a baseline that does not speculate it is a caution, drawn but not a NO-GO.
+    No sample when the candidate lacks traffic or no ratio is a number, as for the alerts.
     """
     tpot = f"task_quantile:specwatch_tpot_seconds:candidate_over_baseline_{WINDOW}{{{T}}}"
     itl = f"task_quantile:specwatch_itl_seconds:candidate_over_baseline_{WINDOW}{{{T}}}"
+    drafts = f'sum by (task) (variant_task:specwatch_draft_tokens:{WINDOW}{{variant="{S.baseline}",{T}}}) > 0'
     # `x == x` drops NaN ratios (a side without requests in the window): no verdict from them, rather than GO
     return (f"max by (task) (\n  (({tpot} == {tpot}) > bool {TPOT.level:g})\n  or\n"
-            f"  (({itl} == {itl}) > bool {ITL.level:g})\n)\n"
+            f"  ((({itl} == {itl}) > bool {ITL.level:g}) and on (task) ({drafts}))\n)\n"
             f"and on (task)\n({candidate_traffic(T)} >= {MIN_TRAFFIC})")
 
 
@@ -84,7 +87,7 @@ def _ratios() -> Section:
                    TIMES, w=6, steps=limits, decimals=2),
         timeseries("ITL p99 ratio", f"Candidate / baseline client-side ITL p99 per task. Speculation raises ITL "
                    f"(several tokens per chunk); above {ITL.level:g} (dashed) for {in_words(ITL.for_)} fires "
-                   f"{ITL.name}.",
+                   f"{ITL.name} where the baseline speculates too (a caution against one that does not).",
                    _ratio("task_quantile:specwatch_itl_seconds"),
                    TIMES, w=6, steps=thresholds(GREEN, (ITL.level, RED)), decimals=2),
         timeseries("TTFT p95 ratio", "Candidate / baseline client-side TTFT p95 per task. Speculation should "
@@ -101,8 +104,10 @@ def _verdict() -> Section:
     return Section("Verdict", [
         stat("Current verdict", f"Per task, now: GO when the candidate's TPOT p95 is at most {TPOT.level:g}x "
              f"and its ITL p99 at most {ITL.level:g}x the baseline's ({S.slow.duration}, client side), NO-GO when "
-             f"either is above. The alerts fire only when a NO-GO lasts {in_words(TPOT.for_)}. No value: the "
-             f"candidate has less than {MIN_TRAFFIC} request per minute, or a side has no latency data.",
+             f"either is above (ITL only where the baseline speculates too: against one that does not, longer "
+             f"gaps are the bursts of speculation, a caution in the canary policy). The alerts fire only when a "
+             f"NO-GO lasts {in_words(TPOT.for_)}. No value: the candidate has less than {MIN_TRAFFIC} request per "
+             "minute, or a side has no latency data.",
              targets((verdict_expr(), "{{task}}")), "none", w=8, h=8, steps=thresholds(GREEN, (1, RED)),
              no_value="not enough traffic",
              mappings=[{"type": "value", "options": {"0": {"text": "GO", "color": GREEN, "index": 0},
