@@ -1,9 +1,11 @@
 """The request path: forward every request unchanged, relay responses as they arrive, account them.
 
-Streams are relayed event by event with the upstream's exact bytes, read and accounted by
-`relays.SseRelay` (the usage chunk the tap asked for removed, ordinary content chunks read by a byte
-pattern, the rest parsed in full); long runs of ordinary content chunks go to the compiled relay
-thread (`fastrelay`), and stream ends are accounted in turns (`turns`). Faults never escape:
+Streams are relayed event by event with the upstream's exact bytes (`stream_relay.StreamRelay`, over the
+tap's own upstream client), read and accounted by `relays.SseRelay` (the usage chunk the tap asked for
+removed, ordinary content chunks read by a byte pattern, the rest parsed in full); long runs of ordinary
+content chunks go to the compiled relay thread (`fastrelay`), and stream ends are accounted in turns
+(`turns`). The split's route comes from `routing.Router`, which routes around an upstream known down
+(`availability`: fed here by the requests that reach it or do not). Faults never escape:
 an unreachable upstream becomes a 502 with an OpenAI-style error, a malformed answer is
 relayed and counted `bad_response`, a client that leaves cancels the upstream request.
 Headers pass through untouched (minus hop-by-hop and the tap's own) and are never logged.
