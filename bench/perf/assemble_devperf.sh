@@ -4,12 +4,13 @@
 #                 pyyaml, at the versions pyproject.toml pins (the needs at this venv's versions)
 #   DEST/deb/     Debian's nginx + nginx-common (apt-get download, this host's Debian release)
 #   DEST/src/     this checkout's `specwatch` package and COMMIT (the commit, "+dirty" with local changes),
-#                 with the compiled relay as `make setup` built it (src-ref, from git archive, has none)
+#                 with the compiled relay as `make setup` built it
 #   DEST/perf/    this checkout's bench/perf (the harness travels with the code: run DEST/perf/run_pinned.sh
 #                 there, whichever checkout the device call sends)
 #   DEST/bin/     py-spy (a static binary), where the python's bin folder or PATH has one: profile_pinned.sh
-#   DEST/src-ref/ with --ref REV: the `specwatch` package at REV (git archive), measured beside it as
-#                 `specwatch-ref` in the same rounds (before / after under the same conditions)
+#   DEST/src-ref/ with --ref REV: the `specwatch` package at REV (git archive) with its own relay compiled
+#                 here (gcc, -O2, abi3, as setuptools builds it), measured beside it as `specwatch-ref` in the
+#                 same rounds (before / after under the same conditions)
 # vllm-router (DEST/whl-router/) is left out: run_pinned.sh then reports it as not installed.
 # Usage: bench/perf/assemble_devperf.sh [--dest DIR] [--ref REV] [--python PY]   (default DIR: ./.devperf)
 set -euo pipefail
@@ -55,6 +56,12 @@ if [[ -n "$REF" ]]; then
   mkdir -p "$DEST/src-ref"
   git -C "$ROOT" archive "$REF" specwatch | tar -x -C "$DEST/src-ref"
   git -C "$ROOT" rev-parse "$REF" >"$DEST/src-ref/COMMIT"
+  ref_c="$DEST/src-ref/specwatch/exporter/_fastrelay.c"
+  if [[ -f "$ref_c" ]]; then  # REV's own C relay, not this checkout's: a before / after compares the two
+    gcc -shared -fPIC -O2 -Wall -I"$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+      -o "${ref_c%.c}.abi3.so" "$ref_c" -lpthread
+    echo "assemble_devperf: src-ref carries its own compiled relay (built from $REF's _fastrelay.c)"
+  fi
 fi
 du -sh "$DEST"
 ls "$DEST"/whl "$DEST"/deb
