@@ -77,6 +77,9 @@ class ExporterFamilies:
     draft_tokens: str = "specwatch_draft_tokens_total"
     accepted: str = "specwatch_accepted_tokens_total"
     accepted_per_pos: str = "specwatch_accepted_tokens_per_pos_total"
+    drafts_reaching: str = "specwatch_drafts_reaching_pos_total"          # vLLM's detailed mode only
+    full_depth_steps: str = "specwatch_full_depth_steps_total"            # detailed mode only
+    full_depth_per_pos: str = "specwatch_full_depth_accepted_per_pos_total"  # detailed mode only
     decode_steps: str = "specwatch_decode_steps_total"
     completion_tokens: str = "specwatch_completion_tokens_total"
     spec_steps_by_accepted: str = "specwatch_spec_steps_by_accepted_total"

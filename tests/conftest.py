@@ -92,7 +92,7 @@ SimServer = Service
 
 
 NGRAM_SIM_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
-                  "--max-num-seqs", "16", "--seed", "42", "--per-request-spec-decode-metrics", "summary",
+                  "--max-num-seqs", "16", "--seed", "42", "--per-request-spec-decode-metrics", "detailed",
                   "--speculative-config", json.dumps(NGRAM_CONFIG), "--sim-time-scale", "0.02"]
 
 

@@ -376,7 +376,7 @@ def test_sim_takes_the_gpu_argv_and_its_own_knobs() -> None:
     assert json.loads(str(flag_value(sim_candidate, "--speculative-config"))) == NGRAM_CONFIG
     assert json.loads(str(flag_value(gpu_candidate, "--speculative-config"))) == ARTICLE_EAGLE3
     for argv in (sim_candidate, gpu_candidate):
-        assert flag_value(argv, "--per-request-spec-decode-metrics") == "summary"
+        assert flag_value(argv, "--per-request-spec-decode-metrics") == "detailed"
 
 
 def test_gpu_servers_have_the_articles_flags_and_a_gpu_each() -> None:

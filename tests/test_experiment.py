@@ -425,7 +425,7 @@ variants:
     assert argv[0] == "XiaomiMiMo/MiMo-7B-Base" and "--host" not in argv and "--port" not in argv
     assert "--enforce-eager" not in argv and argv[argv.index("--served-model-name") + 1] == "demo"
     assert argv[argv.index("--dtype") + 1] == "bfloat16" and argv[-2:] == ["--gpu-memory-utilization", "0.85"]
-    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "detailed"
 
 
 def test_variant_args_drop_serve_argvs_host_and_port_by_name_wherever_they_are(

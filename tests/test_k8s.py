@@ -348,7 +348,7 @@ def test_vllm_deployments_run_the_articles_flags_on_a_gpu(everything: list[Doc])
     candidate = containers(find(everything, "Deployment", "vllm-candidate"))[0]["args"]
     config = json.loads(candidate[candidate.index("--speculative-config") + 1])
     assert config["method"] in {"eagle3", "ngram"}
-    assert candidate[candidate.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    assert candidate[candidate.index("--per-request-spec-decode-metrics") + 1] == "detailed"
 
 
 # --- many replicas and exporters, summed exactly ---------------------------------------------------------

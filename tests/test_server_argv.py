@@ -22,7 +22,7 @@ def test_ngram_variant_is_the_articles():
     argv = serve_argv("/m", speculative_config=NGRAM_CONFIG, extra=["--max-num-seqs", "4"])
     assert json.loads(flag(argv, "--speculative-config")) == {
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    assert flag(argv, "--per-request-spec-decode-metrics") == "summary"
+    assert flag(argv, "--per-request-spec-decode-metrics") == "detailed"
     assert argv[-2:] == ["--max-num-seqs", "4"]  # user flags come last, so they win
 
 

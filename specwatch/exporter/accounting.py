@@ -19,6 +19,7 @@ import hashlib
 import logging
 import time
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,6 +184,13 @@ def checked(record: RequestRecord) -> tuple[SpecFields | None, dict[str, int]]:
     return fields, usage
 
 
+def _add_each(children: list[Any], counts: Sequence[int]) -> None:
+    """children[i] += counts[i] where it is not 0 (an `inc(0)` still takes the child's lock)."""
+    for child, n in zip(children, counts, strict=True):
+        if n:
+            child.inc(n)
+
+
 def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
     """Count a finished request, once: everything it reports is validated first, so that a field out of range or
     contradicting itself makes the request a bad_response (logged, one line) before any counter moves."""
@@ -202,16 +210,17 @@ def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
             log.warning("request %s (%s, %s): bad_response: %s", record.request_id, v, t, exc)
     if record.outcome == "ok" and fields is not None:
         c, d, r, hist = fields.accepted, fields.drafted, fields.steps, fields.histogram
-        by_accepted, per_pos = metrics.ensure_positions(v, t, len(hist) - 1)
+        pos = metrics.ensure_positions(v, t, fields.k)
         ch.steps.inc(r)
         ch.draft_tokens.inc(d)
         ch.accepted.inc(c)
-        for accepted, steps in enumerate(hist):
-            if steps:
-                by_accepted[accepted].inc(steps)
-        for p, survivors in enumerate(survival(hist)):
-            if survivors:
-                per_pos[p].inc(survivors)
+        _add_each(pos.by_accepted, hist)
+        _add_each(pos.per_pos, survival(hist))
+        if fields.reached is not None and fields.full_depth is not None:  # detailed mode
+            _add_each(pos.reaching, fields.reached)
+            _add_each(pos.full_depth_per_pos, survival(fields.full_depth))
+            if any(fields.full_depth):
+                pos.full_depth_steps.inc(sum(fields.full_depth))
         if fields.acceptance_rate is not None:
             observe(ch.request_acceptance_rate, fields.acceptance_rate)
     if record.outcome == "ok":

@@ -16,7 +16,7 @@ last verdict pushed through the admin API, whichever worker took it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -31,6 +31,16 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 1
                300.0, 600.0)
 RATE_BUCKETS = tuple(i / 10 for i in range(1, 11))
 CANARY_VERDICTS = ("pass", "marginal", "fail", "insufficient")  # `specwatch canary --push-to`
+
+
+class PositionChildren(NamedTuple):
+    """The children of one (variant, task, k) that carry a position or an accepted count."""
+
+    by_accepted: list[Any]  # accepted = 0..k
+    per_pos: list[Any]  # position = 0..k-1, every request with the field
+    reaching: list[Any]  # position = 0..k-1, detailed requests: steps whose draft reached the position
+    full_depth_per_pos: list[Any]  # position = 0..k-1, detailed requests: steps that drafted k and accepted p + 1
+    full_depth_steps: Any  # detailed requests: steps that drafted k
 
 
 class Children:
@@ -73,6 +83,16 @@ class ExporterMetrics:
         self.per_pos = Counter("specwatch_accepted_tokens_per_pos",
                                "Steps that accepted at least position+1 drafts (as vLLM's per-position counter).",
                                [*vt, "position"], registry=registry)
+        self.drafts_reaching = Counter(
+            "specwatch_drafts_reaching_pos", "Verify steps whose draft had at least position+1 tokens (vLLM's "
+            "detailed mode, per_step_drafted; the denominator of acceptance of drafts that reached a position).",
+            [*vt, "position"], registry=registry)
+        self.full_depth_steps = Counter("specwatch_full_depth_steps",
+                                        "Verify steps whose draft had all k tokens (detailed mode).", vt,
+                                        registry=registry)
+        self.full_depth_per_pos = Counter("specwatch_full_depth_accepted_per_pos",
+                                          "Full-depth verify steps (drafted k) that accepted at least position+1 "
+                                          "drafts (detailed mode).", [*vt, "position"], registry=registry)
         self.by_accepted = Counter("specwatch_spec_steps_by_accepted",
                                    "Verify steps by the number of drafts they accepted (the summed histogram).",
                                    [*vt, "accepted"], registry=registry)
@@ -119,7 +139,7 @@ class ExporterMetrics:
                                             "over again after a chunk it does not take).", registry=registry)
         self.relay = Gauge("specwatch_relay", "1 for the relay that carries ordinary content chunks: compiled (the "
                            "relay thread) or python.", ["relay"], registry=registry, multiprocess_mode="max")
-        self._positions: dict[tuple[str, str, int], tuple[list[Any], list[Any]]] = {}
+        self._positions: dict[tuple[str, str, int], PositionChildren] = {}
         self._children: dict[tuple[str, str], Children] = {}
         for task in cfg.task_labels:  # all 0 until a canary pushes a verdict
             for verdict in CANARY_VERDICTS:
@@ -149,14 +169,19 @@ class ExporterMetrics:
             child = self._children[variant, task] = Children(self, variant, task)
             return child
 
-    def ensure_positions(self, variant: str, task: str, k: int) -> tuple[list[Any], list[Any]]:
+    def ensure_positions(self, variant: str, task: str, k: int) -> PositionChildren:
         """Pre-create position and histogram children once a variant's k is known (at most MAX_K: parse checks);
-        returns them, cached: the `accepted` children 0..k and the `position` children 0..k-1."""
+        returns them, cached. The detailed-mode families are created with the others: at 0 where the server
+        runs `summary`, which a panel reads as "no per-step data" (their position 0 stays 0 while steps grow)."""
         try:
             return self._positions[variant, task, k]
         except KeyError:
             pass
-        by_accepted = [self.by_accepted.labels(variant, task, str(a)) for a in range(k + 1)]
-        per_pos = [self.per_pos.labels(variant, task, str(p)) for p in range(k)]
-        self._positions[variant, task, k] = by_accepted, per_pos
-        return by_accepted, per_pos
+        vt = (variant, task)
+        out = PositionChildren([self.by_accepted.labels(*vt, str(a)) for a in range(k + 1)],
+                               [self.per_pos.labels(*vt, str(p)) for p in range(k)],
+                               [self.drafts_reaching.labels(*vt, str(p)) for p in range(k)],
+                               [self.full_depth_per_pos.labels(*vt, str(p)) for p in range(k)],
+                               self.full_depth_steps.labels(*vt))
+        self._positions[variant, task, k] = out
+        return out

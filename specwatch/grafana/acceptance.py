@@ -102,18 +102,31 @@ def _server() -> Section:
 def _decay() -> Section:
     how = ("Bars by draft position (0 = the first drafted token), over the last 5 minutes. ")
     return Section(f"Position-wise decay ({S.slow.duration})", [
-        barchart("Unconditional acceptance by position, per task", how + "Height: share of verify steps that "
-                 "accepted at least position + 1 drafts (exporter, per variant and task). It falls with the "
-                 "position; the sum over positions is the mean acceptance length minus 1.",
+        barchart("Acceptance by position of drafts that reached it, per task", how + "Height: verify steps "
+                 "that accepted at least position + 1 drafts / verify steps whose draft had at least position + 1 "
+                 "tokens (exporter, per variant and task, from vLLM's per_step_drafted). Where drafts vary in "
+                 "length (suffix, n-gram, a per-batch-size k) a short draft is no rejection at a position it never "
+                 "reached; with a fixed k this equals the per-draft bars below. Only for a server run with "
+                 "`--per-request-spec-decode-metrics detailed` (empty under summary).",
+                 f"variant_task_position:specwatch_acceptance_of_reached:ratio_{STEADY}{{{VT}}}", "position",
+                 VT_SERIES, RATIO, max_=1),
+        barchart("Acceptance by position per draft, per task", how + "Height: share of all verify steps that "
+                 "accepted at least position + 1 drafts (exporter, per variant and task; every mode). A draft too "
+                 "short to reach a position counts as a rejection there, so deep positions read low where drafts "
+                 "vary in length. It falls with the position; the sum over positions is the mean acceptance length "
+                 "minus 1.",
                  f"variant_task_position:specwatch_acceptance_unconditional:ratio_{STEADY}{{{VT}}}", "position",
                  VT_SERIES, RATIO, max_=1),
         barchart("Conditional acceptance by position, per task", how + "Height: P(position p accepted | position "
-                 "p - 1 accepted), per variant and task. Flat bars mean the drafter is as good deep into the draft "
-                 "as at its start; a falling profile says fewer speculative tokens would do.",
+                 "p - 1 accepted): steps accepting p / steps accepting p - 1, per variant and task (a step "
+                 "that accepted its whole short draft counts as stopping there). Flat bars mean the drafter is "
+                 "as good deep into the draft as at its start; a falling profile says fewer speculative tokens "
+                 "would do.",
                  f"variant_task_position:specwatch_acceptance_conditional:ratio_{STEADY}{{{VT}}}", "position",
                  VT_SERIES, RATIO, max_=1),
-        barchart("Unconditional acceptance by position, server-wide", how + "vLLM's per-position counter / its "
-                 "drafts, per variant: all traffic of the server, summed over engines.",
+        barchart("Acceptance by position per draft, server-wide", how + "vLLM's per-position counter / its "
+                 "drafts, per variant: all traffic of the server, summed over engines. Per draft: vLLM counts no "
+                 "drafted tokens by position, so a short draft counts as a rejection at the positions it missed.",
                  f"variant_position:vllm_spec_decode_acceptance_unconditional:ratio_{STEADY}{{{V}}}", "position",
                  ("variant",), RATIO, max_=1),
         barchart("Conditional acceptance by position, server-wide", how + "vLLM's counters, per variant: "

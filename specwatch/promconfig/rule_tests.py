@@ -76,6 +76,7 @@ class TaskCounters:
     requests: dict[str, int]
     missing: int
     mirror: tuple[int, int] | None  # identical, different
+    reaching: tuple[int, ...] | None = None  # detailed mode: steps whose draft reached each position
 
 
 VLLM_ENGINES = {  # (variant, engine)
@@ -89,12 +90,15 @@ VLLM_HIST_COUNTS = {("baseline", "0"): ((20, 50, 90, 99, 100), 30),
                     ("candidate", "0"): ((10, 20, 40, 50, 50), 12),
                     ("candidate", "1"): ((0, 10, 30, 48, 50), 20)}
 
+# reaching: candidate code runs detailed (every step reached position 0: a ratio per position); baseline code's
+# per-step data covers 10 of its 12 steps (a window that mixes modes: no ratio); the others run summary (none)
 EXPORTER = {  # (variant, task); per_pos and by_accepted agree with each other and with accepted
-    ("baseline", "code"): TaskCounters(12, 48, 30, (10, 8, 7, 5), (2, 2, 1, 2, 5), 50, 84, {"ok": 4}, 0, None),
+    ("baseline", "code"): TaskCounters(12, 48, 30, (10, 8, 7, 5), (2, 2, 1, 2, 5), 50, 84, {"ok": 4}, 0, None,
+                                       (10, 9, 8, 6)),
     ("baseline", "chat"): TaskCounters(8, 32, 10, (5, 3, 1, 1), (3, 2, 2, 0, 1), 70, 84,
                                        {"ok": 4, "bad_response": 1}, 0, None),
     ("candidate", "code"): TaskCounters(30, 90, 60, (24, 20, 16), (6, 4, 4, 16), 40, 104,
-                                        {"ok": 4, "upstream_error": 1, "client_abort": 1}, 0, (3, 1)),
+                                        {"ok": 4, "upstream_error": 1, "client_abort": 1}, 0, (3, 1), (30, 26, 20)),
     ("candidate", "chat"): TaskCounters(15, 45, 15, (9, 4, 2), (6, 5, 2, 2), 60, 79, {"ok": 4}, 1, (2, 2)),
 }
 EXPORTER_HIST_BOUNDS = {S.exporter.ttft: (0.05, 0.1, 0.2, 0.5), S.exporter.tpot: (0.01, 0.02, 0.05, 0.1),
@@ -175,6 +179,8 @@ def input_series() -> list[tuple[str, str]]:
         counter("specwatch_accepted_tokens_total", base, e.accepted, rs)
         for p, slope in enumerate(e.per_pos):
             counter("specwatch_accepted_tokens_per_pos_total", {**base, "position": str(p)}, slope, rs)
+        for p, slope in enumerate(e.reaching or ()):
+            counter("specwatch_drafts_reaching_pos_total", {**base, "position": str(p)}, slope, rs)
         for a, slope in enumerate(e.by_accepted):
             counter("specwatch_spec_steps_by_accepted_total", {**base, "accepted": str(a)}, slope, rs)
         counter("specwatch_decode_steps_total", base, e.decode, rs)
@@ -274,6 +280,8 @@ class Oracle:
                 self._add(self.vt, "per_pos", _labels(variant=variant, task=task, position=str(p)), s)
             for a, s in enumerate(e.by_accepted):
                 self._add(self.vt, "by_accepted", _labels(variant=variant, task=task, accepted=str(a)), s)
+            for p, s in enumerate(e.reaching or ()):
+                self._add(self.vt, "reaching", _labels(variant=variant, task=task, position=str(p)), s)
             if e.mirror is not None:
                 self._add(self.vt, "identical", k, e.mirror[0])
                 self._add(self.vt, "mirrored", k, sum(e.mirror))
@@ -334,6 +342,12 @@ def expected_by_record(window: str) -> dict[str, Expected]:
         x[f"variant_task:{name}:{r}"] = o.vt[key]
     x[f"variant_task_position:specwatch_accepted_tokens_per_pos:{r}"] = o.vt["per_pos"]
     x[f"variant_task_accepted:specwatch_spec_steps_by_accepted:{r}"] = o.vt["by_accepted"]
+    x[f"variant_task_position:specwatch_drafts_reaching_pos:{r}"] = o.vt["reaching"]
+    covered = {vt for vt, steps in o.vt["steps"].items()  # every step reached position 0: detailed throughout
+               if o.vt["reaching"].get(tuple(sorted((*vt, ("position", "0")))), Fraction(0)) >= steps}
+    x[f"variant_task_position:specwatch_acceptance_of_reached:ratio_{r}"] = {
+        k: v for k, v in _ratio(o.vt["per_pos"], o.vt["reaching"]).items()
+        if tuple(sorted(item for item in k if item[0] != "position")) in covered}
     for fig, values in o.acceptance(o.vt, "steps").items():
         level = "variant_task_position" if "conditional" in fig else "variant_task"
         x[f"{level}:specwatch_{fig}:ratio_{r}"] = values

@@ -157,6 +157,8 @@ def exporter_rules(window: str) -> list[RecordingRule]:
                           "Accepted draft tokens per second (sum of the per-request C).")
     per_pos = _rate_rule("variant_task_position", "variant, task, position", E.accepted_per_pos, window,
                          "Steps per second that accepted position p and all before it.")
+    reaching = _rate_rule("variant_task_position", "variant, task, position", E.drafts_reaching, window,
+                          "Verify steps per second whose draft had at least p + 1 tokens (vLLM's detailed mode).")
     decode = _rate_rule(level, by, E.decode_steps, window, "Decode steps per second, with or without a draft.")
     completion = _rate_rule(level, by, E.completion_tokens, window,
                             "Output tokens per second (usage.completion_tokens).")
@@ -168,8 +170,15 @@ def exporter_rules(window: str) -> list[RecordingRule]:
     errors, ok = f'{{outcome=~"{S.error_outcome_regex()}"}}', '{outcome="ok"}'
     identical = '{result="identical"}'
     rules = [
-        steps, draft_tokens, accepted, per_pos, decode, completion, by_accepted, requests,
+        steps, draft_tokens, accepted, per_pos, reaching, decode, completion, by_accepted, requests,
         *_acceptance_rules(level, "specwatch", by, window, names),
+        RecordingRule(f"variant_task_position:specwatch_acceptance_of_reached:ratio_{r}",
+                      f"{per_pos.record}\n/\n{_positive(reaching.record)}\nand on (variant, task)\n"
+                      f'({reaching.record}{{position="0"}} >= ignoring (position) {steps.record})',
+                      "Acceptance of drafts that reached position p: steps accepting p / steps whose draft had "
+                      "p + 1 tokens (a draft too short to reach p is no rejection there). Only where every verify "
+                      "step of the window came with per-step data (detailed mode: position 0 reached by all).",
+                      "ratio"),
         RecordingRule(f"variant_task:specwatch_draft_coverage:ratio_{r}",
                       f"{steps.record}\n/\n{_positive(decode.record)}",
                       "Draft coverage: share of decode steps that carried a draft.", "ratio"),

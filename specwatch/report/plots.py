@@ -77,17 +77,25 @@ def acceptance_bars(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
 
 
 def position_decay(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
-    """Unconditional acceptance by position (P(accepted >= p + 1) per verify step), per task."""
+    """Acceptance by position per task: of drafts that reached the position (solid) where every step came with
+    per-step data (detailed mode), else per draft (dashed, P(accepted >= p + 1) per verify step); the legend
+    names which (`specwatch.acceptance`)."""
     tasks = _tasks(run)
     fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(5 * max(len(tasks), 1), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=False):
         for v in _speculative(run):
             acc = v.acceptance.get(task)
-            if acc and acc.per_position:
-                ax.plot(range(len(acc.per_position)), acc.per_position, marker="o", label=v.name,
-                        color=colour[v.name], gid=v.name)
+            if not acc or not acc.per_position:
+                continue
+            if acc.detailed:
+                points = [(p, r) for p, r in enumerate(acc.per_position_of_reached) if r is not None]
+                ax.plot([p + 1 for p, _ in points], [r for _, r in points], marker="o", color=colour[v.name],
+                        label=f"{v.name} (of drafts that reached it)", gid=v.name)
+            else:
+                ax.plot(range(1, len(acc.per_position) + 1), acc.per_position, marker="o", linestyle="--",
+                        color=colour[v.name], label=f"{v.name} (per draft)", gid=v.name)
         ax.set_title(f"{task}: acceptance by position")
-        ax.set_xlabel("draft position")
+        ax.set_xlabel("draft position (1 = the first drafted token)")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=8)
     return _save(fig, out / "position_decay.png")

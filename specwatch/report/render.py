@@ -7,6 +7,7 @@ import html
 import re
 from pathlib import Path
 
+from specwatch.acceptance import OF_REACHED, PER_DRAFT
 from specwatch.canary.policy import Policy
 from specwatch.report.plots import DASHBOARD_QUERIES_PNG
 from specwatch.report.quality import NEAR_TIE_NATS, code_correct_share, identity
@@ -47,6 +48,26 @@ def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
                     p = "-" if cmp.p_value is None else f"{cmp.p_value:.2g}"
                     lines.append(f"| {v.name} | {base.name} | {task} | {c} | {TITLES[m.metric]} | {effect} | "
                                  f"{rounds} | {cmp.n_baseline} / {cmp.n_candidate} | {p} | {m.finding} |")
+    return lines
+
+
+def _by_position(run: RunResults) -> list[str]:
+    """Acceptance by position of the acceptance pass, under both definitions (`specwatch.acceptance`)."""
+    lines = ["", "### Acceptance by position (acceptance pass)", "",
+             f"Of drafts that reached it ({OF_REACHED}; from vLLM's `per_step_drafted`, detailed mode) and per "
+             f"draft ({PER_DRAFT}). They agree where every draft has k tokens; where drafts vary in length (suffix, "
+             "n-gram) only the first says how well a position that was drafted is accepted. '-': summary mode, or "
+             "no draft reached the position.", "",
+             "| variant | task | steps with per-step data | of drafts that reached it, p = 1..k | drafts reaching p "
+             "| per draft, p = 1..k |", "|---|---|--:|---|---|---|"]
+    for v in run.variants:
+        for task, a in sorted(v.acceptance.items()):
+            if not a.steps:
+                continue
+            reached = " ".join(_f(r) for r in a.per_position_of_reached) if a.detailed else "-"
+            lines.append(f"| {v.name} | {task} | {a.detailed_steps}/{a.steps} | {reached} | "
+                         f"{' '.join(map(str, a.reached)) if a.detailed else '-'} | "
+                         f"{' '.join(_f(r) for r in a.per_position)} |")
     return lines
 
 
@@ -107,6 +128,7 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
             lines.append(f"| {v.name} | {task} | {a.requests} | {a.accepted} | {a.drafted} | {a.steps} | "
                          f"{_f(a.acceptance_rate)} | {_f(a.mean_acceptance_length, '.2f')} | "
                          f"{_f(a.drafted_token_share)} | {' '.join(map(str, a.histogram))} |")
+    lines += _by_position(run)
     lines += ["", "## Performance (Locust, medians and tails in ms)", "",
               "| variant | task | concurrency | TTFT p50 | TPOT p50 | TPOT p95 | ITL p95 | ITL p99 | output tok/s "
               "| failures |",
@@ -138,7 +160,8 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
                          f"{f'{same.near_ties}/{differing}' if same and differing else '-'} | {where} | "
                          f"{f'{correct}/{judged}' if judged else '-'} |")
     lines += ["", "## Server counters (snapshot difference over all passes)", "",
-              "| variant | C | D | drafts | C/D | 1+C/drafts | per position |", "|---|--:|--:|--:|--:|--:|---|"]
+              "| variant | C | D | drafts | C/D | 1+C/drafts | per position, per draft (vLLM's counter) |",
+              "|---|--:|--:|--:|--:|--:|---|"]
     for v in run.variants:
         if v.server is not None:
             fig = v.server

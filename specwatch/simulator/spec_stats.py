@@ -40,6 +40,8 @@ class RequestSpecStats:
             "num_accepted_draft_tokens": self.accepted,
             "num_draft_tokens": self.drafted,
             "num_spec_tokens": self.k,
-            "per_step_accepted": list(self.per_step_accepted) if detailed else None,
-            "per_step_drafted": list(self.per_step_drafted) if detailed else None,
+            # vLLM adds the arrays only when they hold a step (`if self.per_step_accepted:`), and the response
+            # drops nulls: a detailed request that never drafted has neither key, as in summary mode
+            "per_step_accepted": list(self.per_step_accepted) if detailed and self.steps else None,
+            "per_step_drafted": list(self.per_step_drafted) if detailed and self.steps else None,
         }

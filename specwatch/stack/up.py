@@ -90,7 +90,7 @@ def sim_argv(variant: str, port: int, time_scale: float) -> list[str]:
             "--max-model-len", "4096", "--max-num-seqs", "16", "--seed", "42", "--port", str(port),
             "--sim-time-scale", str(time_scale)]
     if variant == "candidate":
-        argv += ["--speculative-config", json.dumps(NGRAM_CONFIG), "--per-request-spec-decode-metrics", "summary"]
+        argv += ["--speculative-config", json.dumps(NGRAM_CONFIG), "--per-request-spec-decode-metrics", "detailed"]
     return argv
 
 

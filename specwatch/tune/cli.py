@@ -1,4 +1,4 @@
-"""`specwatch tune RUN [--max-tpot-ms MS] [--mix code=0.7,chat=0.3] [--prometheus URL --window 1h]`.
+"""`specwatch tune RUN [--max-tpot-ms MS] [--mix code=0.7,chat=0.3] [--prometheus URL --window 1h] [...]`.
 
 Reads a sweep run (`specwatch experiment` with a `sweep:` plan), writes `RUN/tune/` (or `--out`):
 the `--speculative-config` with its per-batch-size table, the report, the plot, `cost-rules.yml`;
@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "Prometheus's exporter counters over --window; the step costs stay the sweep's")
     p.add_argument("--window", default="1h", help="the live window (a PromQL range, default 1h)")
     p.add_argument("--variant", default=".*", help="the exporter's variant label(s) to read (a regex, default all)")
+    p.add_argument("--data-parallel-size", type=int, default=None, metavar="N",
+                   help="the deployment's --data-parallel-size: above 1 vLLM ignores the per-batch-size table, and "
+                   "tune says so (default: read from --prometheus, vLLM's engine label; else 1)")
     p.add_argument("--cost-variant", help="the `variant` label of cost-rules.yml: the live deployment's (the "
                    "exporter's route, e.g. candidate), so the dashboard's best k joins its traffic (default: the "
                    "sweep's method)")
@@ -65,26 +68,35 @@ def run(home: Home, args: argparse.Namespace) -> int:
     except SweepError as exc:
         print(f"specwatch tune: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.data_parallel_size is not None and args.data_parallel_size < 1:
+        print(f"specwatch tune: --data-parallel-size {args.data_parallel_size}: expected 1 or more", file=sys.stderr)
+        return EXIT_USAGE
     out = args.out or args.run / "tune"
     console = Console(stderr=True)
-    mix, acceptance, source = args.mix, None, "the sweep"
+    mix, acceptance, source, dp = args.mix, None, "the sweep", args.data_parallel_size or 1
     if args.prometheus:
         swept = fit.build_model(sweep).acceptance
         try:
-            acceptance, live_mix = live.acceptance(args.prometheus, args.window, args.variant, swept, max(sweep.ks))
+            found = live.acceptance(args.prometheus, args.window, args.variant, swept, max(sweep.ks))
+            if args.data_parallel_size is None:
+                dp = max(1, live.data_parallel_size(args.prometheus, args.window, args.variant))
         except live.LiveError as exc:
             print(f"specwatch tune: {exc}", file=sys.stderr)
             return EXIT_ERROR
-        mix = mix or live_mix
-        source = f"live traffic ({args.prometheus}, last {args.window})"
+        acceptance, mix = found.acceptance, mix or found.mix
+        source = (f"live traffic ({args.prometheus}, last {args.window}): "
+                  + "; ".join(f"{t} from {b}" for t, b in sorted(found.basis.items())))
+    warnings = tuner.data_parallel_warning(dp)
     try:
         rec = tuner.tune(sweep, mix=mix, max_tpot_ms=args.max_tpot_ms if args.max_tpot_ms is not None
                          else sweep.max_tpot_ms, acceptance=acceptance, acceptance_source=source,
-                         tolerance=args.tolerance)
+                         tolerance=args.tolerance, warnings=warnings)
     except ValueError as exc:
         print(f"specwatch tune: {exc}", file=sys.stderr)
         return EXIT_USAGE
     tuner.write(sweep, rec, out, args.cost_variant)
+    for warning in rec.warnings:
+        console.print(f"[bold yellow]warning:[/] {warning}")
     console.print(tuner.render.summary(sweep, rec))
     if sweep.dynamic:
         console.print(proof.write_proof(args.run, out))

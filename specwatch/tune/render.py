@@ -74,7 +74,8 @@ def markdown(sweep: Sweep, rec: Recommendation) -> str:
            f"{list(sweep.concurrencies)}, tasks {', '.join(sweep.tasks)}; task mix "
            + ", ".join(f"{t} {w:.0%}" for t, w in m.mix.items()) + f"; acceptance from {rec.acceptance_source}"
            + (f"; TPOT objective {rec.max_tpot_ms:g} ms per task." if rec.max_tpot_ms else "; no TPOT objective."),
-           "", "## Recommendation", "", f"**{headline(rec)}**", "",
+           "", *[f"**Warning:** {w}\n" for w in rec.warnings],
+           "## Recommendation", "", f"**{headline(rec)}**", "",
            "```", f"--speculative-config '{json.dumps(rec.speculative_config)}'"
            if rec.speculative_config else "(no --speculative-config)", "```", "",
            "Why: speculation turns one step into several tokens, but a step that verifies k drafts for every "

@@ -33,18 +33,30 @@ class Recommendation:
     gains: dict[tuple[int, int], fit.Interval]  # (batch, k) at the measured concurrencies
     max_tpot_ms: float | None
     acceptance_source: str
+    warnings: tuple[str, ...] = ()
+
+
+def data_parallel_warning(data_parallel_size: int) -> tuple[str, ...]:
+    """What a deployment with data parallelism above 1 must know: vLLM 0.32.0 disables the per-batch-size table
+    there (vllm/v1/spec_decode/dynamic/utils.py, vllm/config/vllm.py), so every batch drafts the maximum k."""
+    if data_parallel_size <= 1:
+        return ()
+    return (f"the deployment runs data parallel size {data_parallel_size}: vLLM disables "
+            "num_speculative_tokens_per_batch_size above 1 and drafts num_speculative_tokens at every batch size, "
+            "so the per-batch-size ranges below do not apply there; deploy the k of the range your running batch "
+            "stays in as a fixed num_speculative_tokens instead.",)
 
 
 def tune(sweep: Sweep, *, mix: Mapping[str, float] | None = None, max_tpot_ms: float | None = None,
          acceptance: Mapping[str, tuple[float, ...]] | None = None, acceptance_source: str = "the sweep",
-         tolerance: float = 0.01, resamples: int = 300) -> Recommendation:
+         tolerance: float = 0.01, resamples: int = 300, warnings: tuple[str, ...] = ()) -> Recommendation:
     model = fit.build_model(sweep, mix, acceptance)
     choices, ranges = fit.recommend(model, max(sweep.concurrencies), max_tpot_ms, tolerance)
     chosen = {c.batch: c.k for c in choices}
     points = [(b, chosen[b]) for b in sweep.concurrencies] + [(b, k) for b in sweep.concurrencies for k in sweep.ks]
     gains = fit.bootstrap_gains(sweep, model, sorted(set(points)), resamples, live_acceptance=acceptance is not None)
     return Recommendation(ranges, fit.speculative_config(sweep.method, ranges), model, choices, gains,
-                          max_tpot_ms, acceptance_source)
+                          max_tpot_ms, acceptance_source, warnings)
 
 
 def step_costs(sweep: Sweep, model: fit.Model, variant: str | None = None) -> list[StepCost]:
@@ -66,6 +78,7 @@ def write(sweep: Sweep, rec: Recommendation, out: Path, cost_variant: str | None
         "method": dict(sweep.method), "speculative_config": rec.speculative_config,
         "num_speculative_tokens_per_batch_size": [list(r) for r in rec.ranges],
         "max_tpot_ms": rec.max_tpot_ms, "acceptance_source": rec.acceptance_source, "mix": dict(m.mix),
+        "warnings": list(rec.warnings),
         "acceptance_per_position": {t: list(p) for t, p in m.acceptance.items()},
         "expected_tokens_per_step": {t: {str(k): fit.expected_tokens(p, k) for k in sweep.ks}
                                      for t, p in m.acceptance.items()},

@@ -73,7 +73,7 @@ def serve_argv(
     host: str = "127.0.0.1",
     port: int = 8000,
     speculative_config: Mapping[str, object] | None = None,
-    per_request_metrics: str = "summary",
+    per_request_metrics: str = "detailed",
     dtype: str | None = None,
     max_num_seqs: int | None = DEFAULT_MAX_NUM_SEQS,
     extra: Sequence[str] = (),
