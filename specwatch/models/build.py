@@ -34,6 +34,22 @@ class ModelBuildError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Eagle3Size:
+    """How much the EAGLE-3 head trains on: prompts answered by the target, tokens per answer, optimizer steps."""
+
+    suffix: str  # the folder's name after the target's
+    prompts: int
+    new_tokens: int
+    steps: int
+
+
+# what `specwatch models build --eagle3` trains (about 10 minutes here); the real-CPU test tier trains the small one
+# (about 2 minutes): enough for a head that loads, drafts and accepts code more than chat, not for its figures
+EAGLE3_FULL = Eagle3Size("eagle3", prompts=160, new_tokens=96, steps=1200)
+EAGLE3_SMALL = Eagle3Size("eagle3-small", prompts=48, new_tokens=48, steps=240)
+
+
+@dataclass(frozen=True)
 class ModelFolders:
     target: Path
     drafts: dict[int, Path]
@@ -48,8 +64,8 @@ def draft_dir(home: Home, layers: int) -> Path:
     return home.models / f"{TARGET}-first{layers}layers"
 
 
-def eagle3_dir(home: Home) -> Path:
-    return home.models / f"{TARGET}-eagle3"
+def eagle3_dir(home: Home, size: Eagle3Size = EAGLE3_FULL) -> Path:
+    return home.models / f"{TARGET}-{size.suffix}"
 
 
 def _in_env(home: Home, *args: str) -> str:
@@ -128,13 +144,14 @@ def build(home: Home, draft_layers: tuple[int, ...] = DEFAULT_DRAFT_LAYERS, *,
     return ModelFolders(target, drafts, build_eagle3(home, target, force) if eagle3 else None)
 
 
-def build_eagle3(home: Home, target: Path, force: bool = False) -> Path:
+def build_eagle3(home: Home, target: Path, force: bool = False, size: Eagle3Size = EAGLE3_FULL) -> Path:
     """The EAGLE-3 head for the target, trained where missing (a folder with PROVENANCE.json is complete)."""
-    folder = eagle3_dir(home)
+    folder = eagle3_dir(home, size)
     if force or not (folder / PROVENANCE).exists():
         print(f"== training an EAGLE-3 head for {TARGET} into {folder} (minutes: the target answers its prompts, "
               "then the head learns from its hidden states)", flush=True)
-        out = _in_env(home, str(EAGLE3_TRAINER), "train", str(target), str(folder))
+        out = _in_env(home, str(EAGLE3_TRAINER), "train", str(target), str(folder), "--prompts", str(size.prompts),
+                      "--new-tokens", str(size.new_tokens), "--steps", str(size.steps))
         source = json.loads((target / PROVENANCE).read_text())
         report = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         _write_provenance(folder, {

@@ -11,14 +11,15 @@ chat-templated as the server serves them, with the hidden states as vLLM compute
 head is trained in float32 with the target's `lm_head` and embeddings frozen (shared: the head keeps the
 full vocabulary, so no d2t table), for `--steps` optimizer steps (one sequence each) with a fixed seed, so
 a rebuild gives the same head; `--seconds` only caps a slow machine (the summary says when it cut the
-training short). A second unrolled step
-(its input the first step's output, as vLLM's drafting chains them) is trained too, so positions 2 and
-3 are not left to chance.
+training short). Three draft steps are unrolled (each fed the pre-norm output of the one before, as vLLM's
+drafting chains them), so positions 2 and 3 of a k = 3 draft are trained, not left to chance; only the
+answer's positions are scored (the prompt is prefilled, never drafted), which also halves the cost of the
+full-vocabulary output.
 
 Written as vLLM 0.32.0 loads an EAGLE-3 checkpoint (`Eagle3LlamaForCausalLM`, `midlayer.*`, `fc`,
 `norm`, `lm_head`; the target's embeddings shared) with `{"method": "eagle3", "model": OUT,
 "num_speculative_tokens": k}`. Prints one JSON line: the time spent, the positions trained on, and the
-held-out accuracy of the first and second draft position per task (the head's argmax against the
+held-out accuracy of draft positions 1-3 per task (the head's argmax against the
 target's greedy token, given the target's features).
 """
 
@@ -41,9 +42,16 @@ CHAT_TOPICS = (
     "why simple designs age well", "how to measure a web page's speed", "what backpressure means in a queue",
     "why retries need limits", "how to write a good commit message", "what a feature flag is good for",
     "why documentation drifts from code", "how to estimate a task honestly", "what a canary release checks",
+    # everyday subjects too: the study's chat prompts are not all about software
+    "how to keep a houseplant alive", "why sleep matters for learning", "how to plan a week of meals",
+    "what makes a good city park", "how bread rises", "why the sky is blue", "how to start running safely",
+    "what a budget is for", "how to learn a new language", "why bees matter to farms",
+    "how to prepare for a job interview", "what causes the seasons", "how to write a thank-you note",
+    "why museums keep old objects", "how a bicycle stays upright", "what to pack for a weekend trip",
 )
 CHAT_FORMS = ("In one paragraph, explain {t}.", "Briefly describe {t}.", "Write two short paragraphs on {t}.",
-              "Explain to a new colleague {t}.")
+              "Explain to a new colleague {t}.", "Give three short tips on {t}.", "Tell a friend {t}.",
+              "In two full paragraphs, discuss {t}.", "In two full paragraphs, describe {t}.")
 
 
 def training_prompts(n: int, rng: random.Random) -> list[tuple[str, str]]:
@@ -98,6 +106,10 @@ def features(model: Any, rows: list[Any], layers: tuple[int, ...]) -> list[Any]:
             hidden = model(ids[None], output_hidden_states=True).hidden_states
         out.append((task, ids, n_prompt, torch.cat([hidden[i][0] for i in layers], dim=-1).to(torch.bfloat16)))
     return out
+
+
+UNROLL = 3  # draft steps trained, each fed the one before: positions 1-3 of a k = 3 draft
+STEP_WEIGHTS = (1.0, 0.6, 0.4)
 
 
 def head_class() -> Any:
@@ -187,27 +199,31 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
         head.fc.weight[:, 2 * h:].copy_(torch.eye(h))
     optimizer = torch.optim.AdamW(head.parameters(), lr=1e-3, weight_decay=0.0)
 
-    def losses(row: Any, second: bool) -> Any:
-        _, ids, _, feats = row
+    def losses(row: Any) -> Any:
+        """The loss of the three unrolled draft steps over the answer's positions, and per step whether the head's
+        argmax was the target's token there. Every position runs through the layer (the answer's attend to the
+        prompt's), but only the answer's are scored: the prompt is what the server prefills, never drafts."""
+        _, ids, n_prompt, feats = row
         t = len(ids)
-        if t < 4:
+        if t - n_prompt < UNROLL + 1:
             return None
         positions = torch.arange(t)[None]
         cos, sin = rotary(feats.float()[None], positions)
-        fused = head.fc(feats.float()[None])
         embeds = torch.nn.functional.embedding(ids[None], embed)
-        # step 1 at position p: the target's features at p, the embedding of token p + 1 -> token p + 2
-        out1, pre1 = head.step(fused[:, :t - 2], embeds[:, 1:t - 1], cos[:, :t - 2], sin[:, :t - 2])
-        logits1 = out1 @ lm_head.T
-        loss = torch.nn.functional.cross_entropy(logits1[0], ids[2:])
-        acc = (logits1[0].argmax(-1) == ids[2:]).float()
-        if not second:
-            return loss, acc, None
-        # step 2: the first step's output at p, the embedding of token p + 2 -> token p + 3
-        out2, _ = head.step(pre1[:, :t - 3], embeds[:, 2:t - 1], cos[:, 1:t - 2], sin[:, 1:t - 2])
-        logits2 = out2 @ lm_head.T
-        loss2 = torch.nn.functional.cross_entropy(logits2[0], ids[3:])
-        return loss + 0.5 * loss2, acc, (logits2[0].argmax(-1) == ids[3:]).float()
+        hidden = head.fc(feats.float()[None])
+        total, hits = 0.0, []
+        for k in range(1, UNROLL + 1):
+            # step k at position p: step k - 1's pre-norm output at p (the target's fused features for k = 1) and
+            # the embedding of token p + k -> token p + k + 1, at rotary position p + k - 1 (as vLLM chains them)
+            n = t - k - 1
+            out, hidden = head.step(hidden[:, :n], embeds[:, k:k + n], cos[:, k - 1:k - 1 + n],
+                                    sin[:, k - 1:k - 1 + n])
+            first = max(0, n_prompt - k - 1)  # the first p whose predicted token p + k + 1 is in the answer
+            logits = out[0, first:] @ lm_head.T
+            wanted = ids[first + k + 1:]
+            total = total + STEP_WEIGHTS[k - 1] * torch.nn.functional.cross_entropy(logits, wanted)
+            hits.append((logits.argmax(-1) == wanted).float())
+        return total, hits
 
     budget = seconds - (time.monotonic() - started) - 30  # leave time to evaluate and save
     steps, epochs, train_started, cut = 0, 0, time.monotonic(), False
@@ -223,7 +239,7 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
             lr = 1e-3 * 0.5 * (1 + math.cos(math.pi * min(1.0, steps / steps_wanted)))
             for group in optimizer.param_groups:
                 group["lr"] = max(lr, 5e-5)
-            got = losses(train_rows[i], second=True)
+            got = losses(train_rows[i])
             if got is None:
                 continue
             optimizer.zero_grad()
@@ -234,19 +250,16 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
         epochs += 1
     train_s = time.monotonic() - train_started
 
-    accuracy: dict[str, dict[str, list[float]]] = {}
+    accuracy: dict[str, list[list[float]]] = {}
     with torch.no_grad():
         for row in test_rows:
-            got = losses(row, second=True)
-            if got is None:
-                continue
-            _, _, n_prompt, _ = row
-            first, second_acc = got[1][n_prompt:], got[2][n_prompt:]  # the answer's positions
-            slot = accuracy.setdefault(row[0], {"position_1": [], "position_2": []})
-            slot["position_1"] += first.tolist()
-            slot["position_2"] += second_acc.tolist()
-    held_out = {task: {k: round(sum(v) / len(v), 3) if v else None for k, v in slots.items()} | {
-        "positions": len(slots["position_1"])} for task, slots in accuracy.items()}
+            got = losses(row)
+            if got is not None:
+                slots = accuracy.setdefault(row[0], [[] for _ in range(UNROLL)])
+                for slot, hit in zip(slots, got[1], strict=True):
+                    slot += hit.tolist()
+    held_out = {task: {f"position_{k + 1}": round(sum(v) / len(v), 3) if v else None for k, v in enumerate(slots)}
+                | {"positions": len(slots[0])} for task, slots in accuracy.items()}
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
