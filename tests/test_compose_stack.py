@@ -9,6 +9,7 @@ the local Debian base and compose.offline.yaml runs Prometheus 2.42 from Debian'
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,9 @@ import requests
 from specwatch.compose import engine as engine_mod
 from specwatch.compose import images
 from specwatch.compose.docker_cli import docker_binary
+from specwatch.config import Home
 from specwatch.grafana.key_queries import key_queries, substitute
+from specwatch.models.build import EAGLE3_SMALL, ModelFolders, build_eagle3
 from tests.compose_prebuild import Prebuild
 from tests.compose_stack import ComposeStack, Sample, total
 
@@ -510,6 +513,41 @@ def wait_recorded(stack: ComposeStack, query: str, want: float) -> None:
         stack.wait(f"{query} = {want:.9f}", recorded, timeout=20)
     except AssertionError as exc:
         raise AssertionError(f"{query}: {seen[-3:]} recorded, {want:.9f} expected") from exc
+
+
+@pytest.mark.parametrize("stack", ["cpu"], indirect=True)
+def test_the_cpu_candidate_serves_an_eagle3_head_from_the_host(stack: ComposeStack, home: Home,
+                                                               model_folders: ModelFolders) -> None:
+    """The README's EAGLE-3 choice for the cpu profile as a user makes it: a head trained on the host (the test
+    tier's small one), `SPECWATCH_EAGLE3_HEAD` and `VLLM_CPU_SPECULATIVE_CONFIG` set, the candidate re-created.
+    It loads, drafts k = 3 with per-step data, and the fields of the requests through the exporter add up to the
+    new server's counters in Prometheus. The candidate gets its n-gram config back afterwards."""
+    head = build_eagle3(home, model_folders.target, size=EAGLE3_SMALL)
+    config = {"method": "eagle3", "model": "/opt/specwatch/eagle3", "num_speculative_tokens": 3}
+    saved = dict(stack.env)
+    stack.env.update({"SPECWATCH_EAGLE3_HEAD": str(head), "VLLM_CPU_SPECULATIVE_CONFIG": json.dumps(config)})
+    try:
+        stack.compose("up", "-d", "--wait", "--wait-timeout", "600", "vllm-candidate", timeout=660)
+        fields = []
+        for prompt in ("def add(a, b):", "def scale(value):\n    return value * 2\n\ndef shift(value):"):
+            for _ in range(2):
+                resp = requests.post(stack.url("exporter") + "/v1/chat/completions", timeout=300, json={
+                    "model": "spec-demo", "messages": [{"role": "user", "content": prompt}], "max_tokens": 32,
+                    "temperature": 0}, headers={"X-Specwatch-Task": "code", "X-Specwatch-Variant": "candidate"})
+                assert resp.status_code == 200, resp.text
+                fields.append(resp.json()["metrics"]["speculative_decoding"])
+        assert all(f["num_spec_tokens"] == 3 and len(f["per_step_drafted"]) == f["num_spec_steps"] for f in fields)
+        steps, accepted = sum(f["num_spec_steps"] for f in fields), sum(f["num_accepted_draft_tokens"] for f in fields)
+        assert steps > 0, fields
+        stack.wait("the new candidate's counters in Prometheus", lambda: True if stack.prometheus_values(
+            'sum by (variant) (vllm:spec_decode_num_drafts_total{variant="candidate"})', "variant").get(
+            "candidate") == steps else None, timeout=60, interval=2)
+        assert stack.prometheus_values('sum by (variant) (vllm:spec_decode_num_accepted_tokens_total'
+                                       '{variant="candidate"})', "variant")["candidate"] == accepted
+    finally:
+        stack.env.clear()
+        stack.env.update(saved)
+        stack.compose("up", "-d", "--wait", "--wait-timeout", "600", "vllm-candidate", timeout=660)
 
 
 def test_down_removes_every_container_network_and_volume(stack: ComposeStack) -> None:

@@ -66,6 +66,10 @@ def test_the_report_shows_the_saved_figures_and_is_self_contained(study: Path, c
         row = f"| ngram | {task} | {acc.requests} | {acc.accepted} | {acc.drafted} | {acc.steps} | " \
               f"{acc.acceptance_rate:.3f} |"
         assert row in md, row
+        # by position, both definitions: the servers run detailed, so every step has per-step data
+        assert acc.detailed, acc.as_dict()
+        reached = " ".join("-" if r is None else f"{r:.3f}" for r in acc.per_position_of_reached)
+        assert f"| ngram | {task} | {acc.steps}/{acc.steps} | {reached} | {' '.join(map(str, acc.reached))} |" in md
     server = snapshot.diff(snapshot.read(study / "variants" / "ngram" / "metrics-before.prom"),
                            snapshot.read(study / "variants" / "ngram" / "metrics-after.prom")).server
     assert server is not None and server.steps > 0

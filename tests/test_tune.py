@@ -263,6 +263,12 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     variants = {r["labels"]["variant"] for g in rules["groups"] for r in g["rules"] if "variant" in r.get("labels", {})}
     assert variants == {"candidate"}, variants
     assert cli.main(["tune", str(out / "t"), "--out", str(tmp_path / "bad"), "--cost-variant", "Bad Name"]) == 2
+    # a deployment with data parallel above 1 ignores the per-batch-size table: tune says so where it is read
+    assert not json.loads((out / "t" / "tune" / "recommendation.json").read_text())["warnings"]
+    assert cli.main(["tune", str(out / "t"), "--out", str(tmp_path / "dp"), "--data-parallel-size", "2"]) == 0
+    assert "data parallel size 2" in json.loads((tmp_path / "dp" / "recommendation.json").read_text())["warnings"][0]
+    assert "**Warning:** the deployment runs data parallel size 2" in (tmp_path / "dp" / "tune.md").read_text()
+    assert cli.main(["tune", str(out / "t"), "--out", str(tmp_path / "dp0"), "--data-parallel-size", "0"]) == 2
 
 
 @pytest.mark.real_vllm

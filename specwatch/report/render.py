@@ -104,6 +104,8 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
              "per-request fields (summed first, then divided); performance from Locust at fixed concurrency with "
              "`ignore_eos`; the server figures from exact `/metrics` snapshot differences.", "",
              *_design(run), "",
+             "EAGLE-3 runs for real on vLLM's CPU build (a head `specwatch models build --eagle3` trains); MTP exists "
+             "only in the simulator (no multi-token-prediction model fits two cores), so an MTP row is simulated.", "",
              "## Variants and backends", "", "| variant | state | backend | method | num_gpu_blocks | reconciled |",
              "|---|---|---|---|--:|---|"]
     for v in run.variants:
