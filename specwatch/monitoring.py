@@ -78,6 +78,7 @@ class ExporterFamilies:
     accepted: str = "specwatch_accepted_tokens_total"
     accepted_per_pos: str = "specwatch_accepted_tokens_per_pos_total"
     drafts_reaching: str = "specwatch_drafts_reaching_pos_total"          # vLLM's detailed mode only
+    steps_without_per_step: str = "specwatch_spec_steps_without_per_step_total"  # summary mode's steps
     full_depth_steps: str = "specwatch_full_depth_steps_total"            # detailed mode only
     full_depth_per_pos: str = "specwatch_full_depth_accepted_per_pos_total"  # detailed mode only
     decode_steps: str = "specwatch_decode_steps_total"

@@ -216,7 +216,10 @@ def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
         ch.accepted.inc(c)
         _add_each(pos.by_accepted, hist)
         _add_each(pos.per_pos, survival(hist))
-        if fields.reached is not None and fields.full_depth is not None:  # detailed mode
+        if fields.reached is None or fields.full_depth is None:  # summary mode
+            if r:
+                ch.steps_without_per_step.inc(r)
+        else:
             _add_each(pos.reaching, fields.reached)
             _add_each(pos.full_depth_per_pos, survival(fields.full_depth))
             if any(fields.full_depth):

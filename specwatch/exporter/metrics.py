@@ -47,14 +47,15 @@ class Children:
     """One (variant, task)'s children of the request families, looked up once: `labels()` costs
     microseconds per call (argument checks, a lock, a dict), and a request touches about ten of them."""
 
-    __slots__ = ("requests", "missing", "steps", "draft_tokens", "accepted", "decode_steps", "prompt_tokens",
-                 "completion_tokens", "ttft", "tpot", "itl", "e2e", "request_acceptance_rate")
+    __slots__ = ("requests", "missing", "steps", "steps_without_per_step", "draft_tokens", "accepted", "decode_steps",
+                 "prompt_tokens", "completion_tokens", "ttft", "tpot", "itl", "e2e", "request_acceptance_rate")
 
     def __init__(self, m: ExporterMetrics, variant: str, task: str) -> None:
         vt = (variant, task)
         self.requests: dict[str, Any] = {}  # outcome -> child, filled on first use
         self.missing: Any = m.missing.labels(*vt)
         self.steps: Any = m.steps.labels(*vt)
+        self.steps_without_per_step: Any = m.steps_without_per_step.labels(*vt)
         self.draft_tokens: Any = m.draft_tokens.labels(*vt)
         self.accepted: Any = m.accepted.labels(*vt)
         self.decode_steps: Any = m.decode_steps.labels(*vt)
@@ -76,6 +77,10 @@ class ExporterMetrics:
         self.missing = Counter("specwatch_spec_metrics_missing",
                                "ok responses without metrics.speculative_decoding.", vt, registry=registry)
         self.steps = Counter("specwatch_spec_steps", "Verify steps with a draft (sum of R).", vt, registry=registry)
+        self.steps_without_per_step = Counter(
+            "specwatch_spec_steps_without_per_step", "Verify steps of requests whose field had no per-step arrays "
+            "(vLLM's summary mode): while it grows, acceptance of drafts that reached a position is not recorded.",
+            vt, registry=registry)
         self.draft_tokens = Counter("specwatch_draft_tokens", "Draft tokens proposed (sum of D).", vt,
                                     registry=registry)
         self.accepted = Counter("specwatch_accepted_tokens", "Draft tokens accepted (sum of C).", vt,
@@ -153,9 +158,9 @@ class ExporterMetrics:
             for task in cfg.task_labels:
                 for outcome in OUTCOMES:
                     self.requests.labels(variant, task, outcome)
-                for family in (self.missing, self.steps, self.draft_tokens, self.accepted, self.decode_steps,
-                               self.prompt_tokens, self.completion_tokens, self.ttft, self.tpot, self.itl, self.e2e,
-                               self.request_acceptance_rate):
+                for family in (self.missing, self.steps, self.steps_without_per_step, self.draft_tokens,
+                               self.accepted, self.decode_steps, self.prompt_tokens, self.completion_tokens,
+                               self.ttft, self.tpot, self.itl, self.e2e, self.request_acceptance_rate):
                     family.labels(variant, task)
                 if variant == cfg.mirror:
                     for result in ("identical", "different"):

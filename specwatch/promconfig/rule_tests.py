@@ -77,6 +77,7 @@ class TaskCounters:
     missing: int
     mirror: tuple[int, int] | None  # identical, different
     reaching: tuple[int, ...] | None = None  # detailed mode: steps whose draft reached each position
+    without_per_step: int = 0  # steps of requests that came without per-step data (summary mode)
 
 
 VLLM_ENGINES = {  # (variant, engine)
@@ -90,16 +91,16 @@ VLLM_HIST_COUNTS = {("baseline", "0"): ((20, 50, 90, 99, 100), 30),
                     ("candidate", "0"): ((10, 20, 40, 50, 50), 12),
                     ("candidate", "1"): ((0, 10, 30, 48, 50), 20)}
 
-# reaching: candidate code runs detailed (every step reached position 0: a ratio per position); baseline code's
-# per-step data covers 10 of its 12 steps (a window that mixes modes: no ratio); the others run summary (none)
+# reaching: candidate code runs detailed (a ratio per position); baseline code's per-step data covers 10 of its 12
+# steps (a window that mixes modes: no ratio); the others run summary (no reach, every step without per-step data)
 EXPORTER = {  # (variant, task); per_pos and by_accepted agree with each other and with accepted
     ("baseline", "code"): TaskCounters(12, 48, 30, (10, 8, 7, 5), (2, 2, 1, 2, 5), 50, 84, {"ok": 4}, 0, None,
-                                       (10, 9, 8, 6)),
+                                       (10, 9, 8, 6), 2),
     ("baseline", "chat"): TaskCounters(8, 32, 10, (5, 3, 1, 1), (3, 2, 2, 0, 1), 70, 84,
-                                       {"ok": 4, "bad_response": 1}, 0, None),
+                                       {"ok": 4, "bad_response": 1}, 0, None, None, 8),
     ("candidate", "code"): TaskCounters(30, 90, 60, (24, 20, 16), (6, 4, 4, 16), 40, 104,
                                         {"ok": 4, "upstream_error": 1, "client_abort": 1}, 0, (3, 1), (30, 26, 20)),
-    ("candidate", "chat"): TaskCounters(15, 45, 15, (9, 4, 2), (6, 5, 2, 2), 60, 79, {"ok": 4}, 1, (2, 2)),
+    ("candidate", "chat"): TaskCounters(15, 45, 15, (9, 4, 2), (6, 5, 2, 2), 60, 79, {"ok": 4}, 1, (2, 2), None, 15),
 }
 EXPORTER_HIST_BOUNDS = {S.exporter.ttft: (0.05, 0.1, 0.2, 0.5), S.exporter.tpot: (0.01, 0.02, 0.05, 0.1),
                         S.exporter.itl: (0.005, 0.01, 0.02, 0.05), S.exporter.e2e: (1.0, 2.0, 5.0, 10.0)}
@@ -175,6 +176,7 @@ def input_series() -> list[tuple[str, str]]:
         base = {"job": S.jobs.exporter, "variant": variant, "task": task}
         rs = _resets(variant)
         counter("specwatch_spec_steps_total", base, e.steps, rs)
+        counter("specwatch_spec_steps_without_per_step_total", base, e.without_per_step, rs)
         counter("specwatch_draft_tokens_total", base, e.draft_tokens, rs)
         counter("specwatch_accepted_tokens_total", base, e.accepted, rs)
         for p, slope in enumerate(e.per_pos):
@@ -270,7 +272,7 @@ class Oracle:
                 self._add(self.v, "per_pos", _labels(variant=variant, position=str(p)), s)
         for (variant, task), e in EXPORTER.items():
             k = _labels(variant=variant, task=task)
-            for key in ("steps", "draft_tokens", "accepted", "decode", "completion", "missing"):
+            for key in ("steps", "draft_tokens", "accepted", "decode", "completion", "missing", "without_per_step"):
                 self._add(self.vt, key, k, getattr(e, key))
             self._add(self.vt, "requests", k, sum(e.requests.values()))
             self._add(self.vt, "ok", k, e.requests.get("ok", 0))
@@ -343,8 +345,8 @@ def expected_by_record(window: str) -> dict[str, Expected]:
     x[f"variant_task_position:specwatch_accepted_tokens_per_pos:{r}"] = o.vt["per_pos"]
     x[f"variant_task_accepted:specwatch_spec_steps_by_accepted:{r}"] = o.vt["by_accepted"]
     x[f"variant_task_position:specwatch_drafts_reaching_pos:{r}"] = o.vt["reaching"]
-    covered = {vt for vt, steps in o.vt["steps"].items()  # every step reached position 0: detailed throughout
-               if o.vt["reaching"].get(tuple(sorted((*vt, ("position", "0")))), Fraction(0)) >= steps}
+    x[f"variant_task:specwatch_spec_steps_without_per_step:{r}"] = o.vt["without_per_step"]
+    covered = {vt for vt, n in o.vt["without_per_step"].items() if n == 0}  # detailed throughout the window
     x[f"variant_task_position:specwatch_acceptance_of_reached:ratio_{r}"] = {
         k: v for k, v in _ratio(o.vt["per_pos"], o.vt["reaching"]).items()
         if tuple(sorted(item for item in k if item[0] != "position")) in covered}

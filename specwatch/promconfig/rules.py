@@ -159,6 +159,8 @@ def exporter_rules(window: str) -> list[RecordingRule]:
                          "Steps per second that accepted position p and all before it.")
     reaching = _rate_rule("variant_task_position", "variant, task, position", E.drafts_reaching, window,
                           "Verify steps per second whose draft had at least p + 1 tokens (vLLM's detailed mode).")
+    without_per_step = _rate_rule(level, by, E.steps_without_per_step, window,
+                                  "Verify steps per second that came without per-step data (vLLM's summary mode).")
     decode = _rate_rule(level, by, E.decode_steps, window, "Decode steps per second, with or without a draft.")
     completion = _rate_rule(level, by, E.completion_tokens, window,
                             "Output tokens per second (usage.completion_tokens).")
@@ -170,14 +172,14 @@ def exporter_rules(window: str) -> list[RecordingRule]:
     errors, ok = f'{{outcome=~"{S.error_outcome_regex()}"}}', '{outcome="ok"}'
     identical = '{result="identical"}'
     rules = [
-        steps, draft_tokens, accepted, per_pos, reaching, decode, completion, by_accepted, requests,
+        steps, draft_tokens, accepted, per_pos, reaching, without_per_step, decode, completion, by_accepted, requests,
         *_acceptance_rules(level, "specwatch", by, window, names),
         RecordingRule(f"variant_task_position:specwatch_acceptance_of_reached:ratio_{r}",
                       f"{per_pos.record}\n/\n{_positive(reaching.record)}\nand on (variant, task)\n"
-                      f'({reaching.record}{{position="0"}} >= ignoring (position) {steps.record})',
+                      f"({without_per_step.record} == 0)",
                       "Acceptance of drafts that reached position p: steps accepting p / steps whose draft had "
-                      "p + 1 tokens (a draft too short to reach p is no rejection there). Only where every verify "
-                      "step of the window came with per-step data (detailed mode: position 0 reached by all).",
+                      "p + 1 tokens (a draft too short to reach p is no rejection there). Only where no verify "
+                      "step of the window came without per-step data (detailed mode throughout).",
                       "ratio"),
         RecordingRule(f"variant_task:specwatch_draft_coverage:ratio_{r}",
                       f"{steps.record}\n/\n{_positive(decode.record)}",

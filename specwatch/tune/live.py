@@ -42,9 +42,12 @@ class LiveAcceptance:
     basis: dict[str, str]
 
 
-def _query(url: str, expr: str) -> list[dict[str, Any]]:
+def _query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+    params: dict[str, str | float] = {"query": expr}
+    if at is not None:
+        params["time"] = at
     try:
-        resp = requests.get(url.rstrip("/") + "/api/v1/query", params={"query": expr}, timeout=30)
+        resp = requests.get(url.rstrip("/") + "/api/v1/query", params=params, timeout=30)
         body = resp.json()
     except (requests.RequestException, ValueError) as exc:
         raise LiveError(f"{url}: {exc}") from None
@@ -65,7 +68,7 @@ def queries(window: str, variant: str) -> dict[str, str]:
         "spec_steps": by_task(E.spec_steps),
         "full_depth_per_position": by_task(E.full_depth_per_pos, by="task, position"),
         "full_depth_steps": by_task(E.full_depth_steps),
-        "reached_first": by_task(E.drafts_reaching, ', position="0"'),
+        "without_per_step": by_task(E.steps_without_per_step),
         "requests": by_task(E.requests, ', outcome="ok"'),
     }
 
@@ -81,35 +84,36 @@ def extend(live: Sequence[float], sweep: Sequence[float], k: int) -> tuple[float
     return tuple(out)
 
 
-def _by_task(url: str, expr: str) -> dict[str, float]:
-    return {r["metric"].get("task", ""): float(r["value"][1]) for r in _query(url, expr)}
+def _by_task(url: str, expr: str, at: float | None = None) -> dict[str, float]:
+    return {r["metric"].get("task", ""): float(r["value"][1]) for r in _query(url, expr, at)}
 
 
-def _by_task_position(url: str, expr: str) -> dict[str, dict[int, float]]:
+def _by_task_position(url: str, expr: str, at: float | None = None) -> dict[str, dict[int, float]]:
     out: dict[str, dict[int, float]] = {}
-    for r in _query(url, expr):
+    for r in _query(url, expr, at):
         out.setdefault(r["metric"].get("task", ""), {})[int(r["metric"]["position"])] = float(r["value"][1])
     return out
 
 
 def acceptance(url: str, window: str, variant: str, sweep_acceptance: Mapping[str, Sequence[float]],
-               k: int) -> LiveAcceptance:
+               k: int, at: float | None = None) -> LiveAcceptance:
     """P per task (full-depth steps where every step of the window came with per-step data), the mix, the basis;
-    tasks without decode steps are left out."""
+    tasks without decode steps are left out. `at`: the window's end (Unix seconds; default now)."""
     q = queries(window, variant)
-    decode, spec = _by_task(url, q["decode_steps"]), _by_task(url, q["spec_steps"])
-    full_steps, reached_first = _by_task(url, q["full_depth_steps"]), _by_task(url, q["reached_first"])
-    per_pos = _by_task_position(url, q["per_position"])
-    full_per_pos = _by_task_position(url, q["full_depth_per_position"])
-    mix = _by_task(url, q["requests"])
+    decode, spec = _by_task(url, q["decode_steps"], at), _by_task(url, q["spec_steps"], at)
+    full_steps = _by_task(url, q["full_depth_steps"], at)
+    summary_only = _by_task(url, q["without_per_step"], at)
+    per_pos = _by_task_position(url, q["per_position"], at)
+    full_per_pos = _by_task_position(url, q["full_depth_per_position"], at)
+    mix = _by_task(url, q["requests"], at)
     out: dict[str, tuple[float, ...]] = {}
     basis: dict[str, str] = {}
     for task, n in decode.items():
         if n <= 0 or task not in per_pos:
             continue
         steps, full = spec.get(task, 0.0), full_steps.get(task, 0.0)
-        # detailed throughout: every verify step reached position 0 (summary mode leaves the reach family at 0)
-        if full > 0 and reached_first.get(task, 0.0) >= steps > 0:
+        # detailed throughout the window: no verify step came without per-step data
+        if full > 0 and steps > 0 and summary_only.get(task, 0.0) == 0:
             measured, scale = full_per_pos.get(task, {}), steps / n
             live = [measured.get(p, 0.0) / full * scale for p in range(max(per_pos[task]) + 1)]
             basis[task] = (f"the {full:.0f} of {steps:.0f} verify steps that drafted all k tokens, times the "
