@@ -64,8 +64,16 @@ def survival(histogram: Sequence[int]) -> tuple[int, ...]:
 
 
 def reached(per_step: Sequence[tuple[int, int]], k: int) -> tuple[int, ...]:
-    """Steps whose draft had at least p + 1 tokens, for p in 0..k-1 (per_step: (accepted, drafted) pairs)."""
-    return tuple(sum(1 for _, d in per_step if d > p) for p in range(k))
+    """Steps whose draft had at least p + 1 tokens, for p in 0..k-1 (per_step: (accepted, drafted) pairs, each
+    drafted <= k): one pass to count draft lengths, then their running sum from the longest (the tap's hot path)."""
+    lengths = [0] * (k + 1)
+    for _, d in per_step:
+        lengths[d] += 1
+    out, running = [0] * k, 0
+    for p in range(k - 1, -1, -1):
+        running += lengths[p + 1]
+        out[p] = running
+    return tuple(out)
 
 
 def full_depth_histogram(per_step: Sequence[tuple[int, int]], k: int) -> tuple[int, ...]:

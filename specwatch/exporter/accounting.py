@@ -216,14 +216,15 @@ def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
         ch.accepted.inc(c)
         _add_each(pos.by_accepted, hist)
         _add_each(pos.per_pos, survival(hist))
-        if fields.reached is None or fields.full_depth is None:  # summary mode
+        reached, full_depth = fields.reached, fields.full_depth  # each computed once (properties)
+        if reached is None or full_depth is None:  # summary mode
             if r:
                 ch.steps_without_per_step.inc(r)
         else:
-            _add_each(pos.reaching, fields.reached)
-            _add_each(pos.full_depth_per_pos, survival(fields.full_depth))
-            if any(fields.full_depth):
-                pos.full_depth_steps.inc(sum(fields.full_depth))
+            _add_each(pos.reaching, reached)
+            _add_each(pos.full_depth_per_pos, survival(full_depth))
+            if any(full_depth):
+                pos.full_depth_steps.inc(sum(full_depth))
         if fields.acceptance_rate is not None:
             observe(ch.request_acceptance_rate, fields.acceptance_rate)
     if record.outcome == "ok":
