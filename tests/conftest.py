@@ -91,9 +91,14 @@ class Service:
 SimServer = Service
 
 
+# summary, as the golden capture of the real n-gram server the simulator is compared with (`ngram`); DETAILED_SIM_ARGS
+# is the same server in detailed mode, the default of every server specwatch starts
 NGRAM_SIM_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
-                  "--max-num-seqs", "16", "--seed", "42", "--per-request-spec-decode-metrics", "detailed",
+                  "--max-num-seqs", "16", "--seed", "42", "--per-request-spec-decode-metrics", "summary",
                   "--speculative-config", json.dumps(NGRAM_CONFIG), "--sim-time-scale", "0.02"]
+
+
+DETAILED_SIM_ARGS = [a if a != "summary" else "detailed" for a in NGRAM_SIM_ARGS]
 
 
 @pytest.fixture(scope="session")

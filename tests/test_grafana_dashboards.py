@@ -29,7 +29,7 @@ from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.tune.cost_rules import StepCost, write_cost_rules
 from specwatch.vllm_metrics import samples
 from specwatch.workloads import write_article_workloads
-from tests.conftest import NGRAM_SIM_ARGS, Service
+from tests.conftest import DETAILED_SIM_ARGS, Service
 
 REPO = Path(__file__).parents[1]
 COMMITTED = resources.DASHBOARDS
@@ -253,7 +253,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_panel_query_returns_data(service_factory: Callable[[str, list[str]], Service],
                                         prometheus_factory: Callable[..., PrometheusServer], data: Path,
                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    candidate = service_factory("sim", at_gpu_speed(NGRAM_SIM_ARGS))
+    candidate = service_factory("sim", at_gpu_speed(DETAILED_SIM_ARGS))  # the reach panel needs per-step data
     baseline = service_factory("sim", at_gpu_speed(SIM_BASELINE_ARGS))
     # mirror mode: baseline answers, the candidate gets a copy of every request, both are accounted;
     # the admin API on, so that a canary verdict can be pushed as `specwatch canary --push-to` does
