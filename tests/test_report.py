@@ -306,7 +306,8 @@ def test_a_cpu_hog_in_the_study_changes_no_verdict_but_to_inconclusive_with_the_
         home: Home, model_folders: ModelFolders, cpu_study: Study, tmp_path: Path) -> None:
     """The demo's study again, with one busy process per core planted for 100 s from its first performance block:
     every verdict is the quiet study's, or INCONCLUSIVE saying the machine drifted; never another GO or NO-GO."""
-    hogged = run_study(home, tmp_path, demo_plan(model_folders), hog_seconds=100)
+    head = build_eagle3(home, model_folders.target, size=EAGLE3_SMALL)  # the quiet study's plan, EAGLE-3 included
+    hogged = run_study(home, tmp_path, demo_plan(model_folders, eagle3=head), hog_seconds=100)
     assert hogged.hog is not None
     quiet, noisy = results.load(cpu_study.run), results.load(hogged.run)
     # the hog ran during the performance blocks, and slowed the ones it covered: the test can fail
