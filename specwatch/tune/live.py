@@ -121,8 +121,10 @@ def acceptance(url: str, window: str, variant: str, sweep_acceptance: Mapping[st
         else:
             measured = per_pos[task]
             live = [measured.get(p, 0.0) / n for p in range(max(measured) + 1)]
-            basis[task] = (f"every one of {n:.0f} decode steps (no per-step data: the servers run summary mode, "
-                           "so a draft too short to reach a position counts as a rejection there)")
+            why = ("no per-step data: the servers run summary mode" if summary_only.get(task, 0.0) > 0
+                   else "no step of the window drafted all k tokens")
+            basis[task] = (f"every one of {n:.0f} decode steps ({why}, so a draft too short to reach a position "
+                           "counts as a rejection there)")
         out[task] = extend(live, sweep_acceptance.get(task, ()), k)
     if not out:
         raise LiveError(f"{url}: no decode steps with drafts in the last {window} (variant=~\"{variant}\")")
