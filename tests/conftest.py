@@ -49,10 +49,11 @@ def model_folders(home: Home) -> models.ModelFolders:
 @pytest.fixture(scope="session")
 def ngram_server(home: Home, model_folders: models.ModelFolders,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """The real server with the article's n-gram config and per-request metrics, started once."""
+    """The real server with the article's n-gram config and per-request metrics, started once; in summary mode,
+    as the golden capture (`ngram`) the simulator (NGRAM_SIM_ARGS) is compared with on the wire."""
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "ngram.log"
-    argv = serve_argv(model_folders.target, port=port, speculative_config=NGRAM_CONFIG,
+    argv = serve_argv(model_folders.target, port=port, speculative_config=NGRAM_CONFIG, per_request_metrics="summary",
                       extra=["--max-num-seqs", "8"])
     with VllmServer(home, argv, port, log).start() as server:
         yield server
