@@ -165,11 +165,10 @@ def test_the_recording_rule_and_tunes_live_reader_use_drafts_that_reached(suffix
     assert "drafted all k tokens" in found.basis["code"], found.basis
     # P_1 = full-depth steps accepting 1 / full-depth steps x verify steps / decode steps, from the same window's
     # increases as Prometheus extrapolates them (each series by its own samples), computed here independently
-    def increase(expr: str) -> float:
-        return sum(prom.values(f'sum(increase({expr}{{task="code"}}[{window}]))', at).values())
-    full_first = sum(prom.values(f'sum(increase(specwatch_full_depth_accepted_per_pos_total{{task="code",'
-                                 f'position="0"}}[{window}]))', at).values())
-    expected = (full_first / increase("specwatch_full_depth_steps_total")
+    def increase(family: str, extra: str = "") -> float:
+        return sum(prom.values(f'sum(increase({family}{{task="code"{extra}}}[{window}]))', at).values())
+    expected = (increase("specwatch_full_depth_accepted_per_pos_total", ',position="0"')
+                / increase("specwatch_full_depth_steps_total")
                 * increase("specwatch_spec_steps_total") / increase("specwatch_decode_steps_total"))
     assert found.acceptance["code"][0] == pytest.approx(expected, rel=1e-9)
     # which is, up to that extrapolation, the figure of the bodies themselves
