@@ -4,6 +4,7 @@ itself and reports every request its workers sent, exactly as many as the export
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from tests.test_exporter import value
 LOCUSTFILE = Path(__file__).parents[1] / "loadgen" / "locustfile.py"
 TASKS = ("code", "chat")
 REQUESTS, WARMUP = 4, 1  # per task and worker: each worker runs the whole plan
+MAX_TOKENS = 8
 WAIT_S = 90.0  # any one process; the master's --run-time (a backstop only) is well past it
 
 Start = Callable[[str, list[str]], subprocess.Popen[bytes]]
@@ -53,7 +55,7 @@ def plan_args(tmp_path: Path) -> list[str]:
     data.mkdir(exist_ok=True)
     write_article_workloads(data)
     return [f"--workloads={','.join(f'{t}={data / t}.jsonl' for t in TASKS)}", f"--requests-per-task={REQUESTS}",
-            f"--warmup={WARMUP}", "--max-tokens=8", "--ignore-eos"]
+            f"--warmup={WARMUP}", f"--max-tokens={MAX_TOKENS}", "--ignore-eos"]
 
 
 def start_workers(locust: Start, n: int, port: int, workloads: str) -> list[subprocess.Popen[bytes]]:
@@ -75,7 +77,8 @@ def test_headless_master_reports_every_request_its_workers_sent(sim_ngram, servi
     started = time.monotonic()
     master = locust("master", ["--master", "--master-bind-host=127.0.0.1", f"--master-bind-port={port}", "--headless",
                                f"--expect-workers={workers}", "--users=4", "--spawn-rate=4", f"--host={tap.url}",
-                               "--run-time=300s", "--only-summary", f"--csv={tmp_path / 'master'}", *plan])
+                               "--run-time=300s", "--only-summary", f"--csv={tmp_path / 'master'}", *plan,
+                               f"--results-file={tmp_path / 'requests.jsonl'}"])  # the master's options: every worker's
     procs = start_workers(locust, workers, port, plan[0])
     try:
         code = master.wait(WAIT_S)
@@ -94,6 +97,17 @@ def test_headless_master_reports_every_request_its_workers_sent(sim_ngram, servi
     assert reported == {name: workers * n for task in TASKS
                         for name, n in ((task, REQUESTS), (f"{task} warmup", WARMUP))}, logs(tmp_path)
     assert all(r["Failure Count"] == "0" for r in rows), rows
+    with (tmp_path / "master_stats.csv").open() as f:  # nothing but requests: no TTFT / TPOT / ITL rows
+        assert {r["Type"] for r in csv.DictReader(f)} == {"POST", ""}
+    # the workers' latencies, merged on the master: one TTFT and one TPOT per measured request, and every gap
+    # between text chunks the workers saw (fewer than tokens where a chunk carries accepted drafts)
+    measured = [row for line in (tmp_path / "requests.jsonl").read_text().splitlines()
+                if not (row := json.loads(line))["warmup"]]
+    with (tmp_path / "master_llm_latency.csv").open() as f:
+        latency = {(r["Metric"], r["Task"]): int(r["Count"]) for r in csv.DictReader(f)}
+    assert latency == {(m, task): sum(len(r["itl_s"]) if m == "ITL" else 1 for r in measured if r["task"] == task)
+                       for task in TASKS for m in ("TTFT", "TPOT", "ITL")}, logs(tmp_path)
+    assert len(measured) == workers * REQUESTS * len(TASKS)
 
 
 def test_web_ui_master_stops_the_run_when_its_workers_are_done_and_keeps_them(sim_ngram, service_factory, locust,
@@ -136,6 +150,12 @@ def test_web_ui_master_stops_the_run_when_its_workers_are_done_and_keeps_them(si
                     f"run {run} stopped with every request and both workers")
         assert sum(posts(now).values()) == sent_by_the_exporters_count(tap.url) / run == expected, \
             (run, posts(now), logs(tmp_path))
+        # the tabs start again with each run: this run's requests at the exporter, this run's latencies
+        tabs = {tab["key"]: tab["data"] for tab in now["extended_stats"]}
+        assert {(r["task"], r["ok"], r["failed"]) for r in tabs["acceptance"]} == {
+            (task, str(2 * (REQUESTS + WARMUP)), "0") for task in TASKS}, tabs
+        assert {(r["metric"], r["task"]): r["count"] for r in tabs["llm-latency"] if r["metric"] == "TTFT"} == {
+            ("TTFT", task): str(2 * REQUESTS) for task in TASKS}, tabs
     assert all(p.poll() is None for p in procs), logs(tmp_path)
     master.terminate()  # SIGTERM: the master quits its workers, then itself
     assert master.wait(30) == 0, logs(tmp_path)

@@ -54,10 +54,29 @@ def test_headless_run_through_the_exporter_matches_its_counters(sim_ngram, servi
         assert 0 < s["ttft_ms"]["p50"] <= s["ttft_ms"]["p99"] and 0 < s["tpot_ms"]["p50"]
     assert summary["tasks"]["code"]["acceptance"]["drafted_token_share"] > \
         summary["tasks"]["chat"]["acceptance"]["drafted_token_share"]
+    # Locust's statistics hold the requests alone, as many as the exporter counted; the latencies their own CSV
     with (out / "locust_stats.csv").open() as f:
         rows = {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
-    assert int(rows[("TTFT", "code")]["Request Count"]) == 6
+    assert {kind for kind, _ in rows} == {"POST", ""}, sorted(rows)  # "" : the Aggregated row
+    assert int(rows[("", "Aggregated")]["Request Count"]) == len(lines) == sum(
+        value(tap.url, "specwatch_requests_total", task=task) for task in ("code", "chat"))
     assert int(rows[("POST", "code warmup")]["Request Count"]) == 2
+    with (out / "locust_llm_latency.csv").open() as f:
+        latency = {(r["Metric"], r["Task"]): r for r in csv.DictReader(f)}
+    for task in ("code", "chat"):
+        measured = [r for r in lines if r["task"] == task and not r["warmup"]]
+        assert int(latency[("TTFT", task)]["Count"]) == len(measured) == 6
+        assert int(latency[("ITL", task)]["Count"]) == sum(len(r["itl_s"]) for r in measured)
+        p50 = summary["tasks"][task]["ttft_ms"]["p50"]
+        assert float(latency[("TTFT", task)]["p50 ms"]) == pytest.approx(p50, rel=0.006)  # 1 % buckets
+    with (out / "locust_acceptance.csv").open() as f:  # the exporter's window over the run: every request of it
+        acceptance = {r["Task"]: r for r in csv.DictReader(f)}
+    for task in ("code", "chat"):
+        everything = [r["spec"] for r in lines if r["task"] == task]
+        assert acceptance[task]["Requests ok"] == "8" and acceptance[task]["Requests failed"] == "0"
+        assert int(acceptance[task]["C"]) == sum(f["num_accepted_draft_tokens"] for f in everything)
+        assert int(acceptance[task]["D"]) == sum(f["num_draft_tokens"] for f in everything)
+        assert tap.url in acceptance[task]["Source"] and "final" in acceptance[task]["Source"]
 
 
 def test_a_bad_workload_row_is_reported_with_its_line(tmp_path, capsys):
@@ -153,9 +172,15 @@ def test_ttft_stops_at_the_first_text_line_as_it_arrives_and_failures_carry_reas
     with (tmp_path / "locust_failures.csv").open() as f:
         failures = {(r["Method"], r["Name"]): r for r in csv.DictReader(f)}
     assert "HTTP 503" in failures[("POST", "busy")]["Error"] and failures[("POST", "busy")]["Occurrences"] == "2"
+    with (tmp_path / "locust_llm_latency.csv").open() as f:
+        latency = {(r["Metric"], r["Task"]): r for r in csv.DictReader(f)}
+    assert [latency[(m, "slow")]["Count"] for m in ("TTFT", "TPOT", "ITL")] == ["2", "2", "4"], latency
+    assert float(latency[("ITL", "slow")]["Max ms"]) > Stub.PAUSE_S * 900
     with (tmp_path / "locust_stats.csv").open() as f:
         stats = {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
-    assert {("TTFT", "slow"), ("TPOT", "slow"), ("ITL", "slow")} <= set(stats)
+    # the request's row times the whole answer, the pause included, not the headers
+    assert float(stats[("POST", "slow")]["Min Response Time"]) > Stub.PAUSE_S * 1000
+    assert {kind for kind, _ in stats} == {"POST", ""}, sorted(stats)
 
 
 def test_percentiles_and_sums_by_hand():

@@ -7,9 +7,10 @@ Run it through `specwatch load`, or by hand: `locust -f loadgen/locustfile.py --
 --workloads code=data/code.jsonl,chat=data/chat.jsonl` (the web UI shows the same options).
 Each user sends one request at a time with no wait (fixed concurrency = number of users),
 tasks in turn, rows in order; the first `--warmup` requests of each task are labelled
-"<task> warmup" and left out of the results. TTFT, TPOT and ITL go into Locust's statistics
-as their own request types per task, and every request's result (timings, usage,
-`metrics.speculative_decoding`) goes to `--results-file`.
+"<task> warmup" and left out of the results. Locust's request statistics hold the requests alone (one
+POST row per task, its time the whole streamed request); TTFT, TPOT and ITL go to the web UI's "LLM latency"
+tab and the exporter's acceptance to its "Acceptance" tab (specwatch/load/webui.py), and every request's result
+(timings, usage, `metrics.speculative_decoding`) goes to `--results-file`.
 Distributed (`--master`, `--worker`s), each worker sends the whole plan and the master ends the run once all
 have (see specwatch/load/finish.py).
 """
@@ -32,10 +33,12 @@ from urllib.parse import urlsplit
 import gevent
 import gevent.socket
 from locust import FastHttpUser, constant, events, task
-from locust.contrib.fasthttp import FastResponse
+from locust.contrib.fasthttp import FastResponse, ResponseContextManager
 from locust.env import Environment
+from gevent import GreenletExit
 from locust.exception import StopUser
 
+from specwatch.load import webui
 from specwatch.load.finish import plan_sent
 from specwatch.load.results import RequestResult
 from specwatch.workloads import Row, load_jsonl
@@ -56,6 +59,8 @@ def _arguments(parser: Any) -> None:
     parser.add_argument("--model", default="spec-demo", include_in_web_ui=True)
     parser.add_argument("--seed", type=int, default=42, include_in_web_ui=True)
     parser.add_argument("--results-file", default="", help="append one JSON line per request here")
+    parser.add_argument("--exporter-metrics", default="", include_in_web_ui=True,
+                        help="the exporter's /metrics for the Acceptance tab (default: HOST/metrics; none: off)")
 
 
 @dataclass
@@ -135,9 +140,12 @@ def _final_csv(**_: Any) -> None:
         gevent.sleep(locust.stats.CSV_STATS_INTERVAL_SEC + 0.2)
 
 
-def _report(environment: Environment, kind: str, name: str, seconds: float) -> None:
-    environment.events.request.fire(request_type=kind, name=name, response_time=seconds * 1000,
-                                    response_length=0, exception=None, context={})
+STOPPED_MID_REQUEST = "stopped mid-request: the run ended before the answer did (the exporter counts a client_abort)"
+
+
+def _whole(response: ResponseContextManager, started: float) -> None:
+    """The request's row times the whole streamed answer: FastHttp alone stops the clock at the headers."""
+    response.request_meta["response_time"] = (time.perf_counter() - started) * 1000
 
 
 def _lines(response: FastResponse) -> Iterator[bytes]:
@@ -228,11 +236,17 @@ class ChatUser(FastHttpUser):
                     raise ValueError("no usage chunk")
                 if options.ignore_eos and result.completion_tokens != max_tokens:
                     raise ValueError(f"ignore_eos: {result.completion_tokens} tokens, expected {max_tokens}")
+                _whole(response, started)
                 response.success()
                 result.ok = True
             except (ValueError, KeyError, TypeError, OSError, HTTPException) as exc:
                 result.error = (str(exc) or repr(exc))[:300]
+                _whole(response, started)
                 response.failure(result.error)
+            except GreenletExit:  # the run was stopped mid-stream (past --stop-timeout): the exporter saw it leave
+                _whole(response, started)
+                response.failure(STOPPED_MID_REQUEST)
+                raise
         result.end = time.time()
         if first is not None:
             result.ttft_s = first - started
@@ -240,9 +254,9 @@ class ChatUser(FastHttpUser):
                 result.tpot_s = (last - first) / (result.completion_tokens - 1)
         if result.ok and not warmup:
             if result.ttft_s is not None:
-                _report(self.environment, "TTFT", name, result.ttft_s)
+                webui.record("TTFT", name, result.ttft_s)
             if result.tpot_s is not None:
-                _report(self.environment, "TPOT", name, result.tpot_s)
+                webui.record("TPOT", name, result.tpot_s)
             for gap in result.itl_s:
-                _report(self.environment, "ITL", name, gap)
+                webui.record("ITL", name, gap)
         return result
