@@ -288,6 +288,23 @@ def test_a_labelled_load_through_locust_is_counted_exactly_on_both_sides(stack: 
     assert sum(finished.values()) == sent, (finished, sent)
     assert total(after, "specwatch_requests_total") - total(before, "specwatch_requests_total") == sent
     assert min(finished.values()) > 0, finished
+    # Locust's web UI as the run stopped (issue 33): its Aggregated row is the requests, the exporter's count, and
+    # its Acceptance tab the exporter's counters over the run, read by the master at the exporter's address
+    aggregated = next(s for s in report["stats"] if s["name"] == "Aggregated")
+    assert aggregated["num_requests"] == sent and not {s["method"] for s in report["stats"]} - {"POST", None}, report
+    tab = {(r["variant"], r["task"]): r
+           for t in report["extended_stats"] if t["key"] == "acceptance" for r in t["data"]}
+
+    def window(name: str, **labels: str) -> str:
+        return f"{total(after, name, **labels) - total(before, name, **labels):.0f}"
+    assert set(tab) == {(v, t) for v in ("baseline", "candidate") for t in TASKS
+                        if window("specwatch_requests_total", variant=v, task=t) != "0"}, tab
+    for (variant, task), row in tab.items():
+        sel = {"variant": variant, "task": task}
+        assert row["ok"] == window("specwatch_requests_total", outcome="ok", **sel) and row["failed"] == "0", row
+        assert (row["accepted"], row["drafted"], row["steps"]) == tuple(window(f"specwatch_{f}_total", **sel) for f in (
+            "accepted_tokens", "draft_tokens", "spec_steps")), row
+        assert "http://exporter:9400/metrics" in row["source"] and "final" in row["source"], row
     # the image's exporter relayed ordinary content chunks over its compiled relay thread (built in the image)
     assert total(after, "specwatch_fast_relay_chunks_total") > total(before, "specwatch_fast_relay_chunks_total")
     # the exporter's sums of the per-request fields equal the servers' counter deltas, variant by variant
