@@ -33,6 +33,8 @@ import yaml
 
 from specwatch import cli, resources
 from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
+from specwatch.generated import stale_files
+from specwatch.grafana.dashboards import files
 from specwatch.k8s import dashboards, rules
 from specwatch.promconfig.server import EXPORTER_JOB, VLLM_JOB, PrometheusServer, Targets, host_port
 from specwatch.workloads import write_article_workloads
@@ -167,7 +169,7 @@ def test_namespaces_images_and_labels(everything: list[Doc]) -> None:
 def test_generated_files_are_current() -> None:
     assert (DEPLOY / "base" / "prometheusrule.yaml").read_text() == rules.render(), \
         "run `python -m specwatch.k8s.rules`"
-    assert dashboards.stale() == [], "run `python -m specwatch.k8s.dashboards`"
+    assert stale_files(dashboards.OUT, files()) == [], "run `python -m specwatch.k8s.dashboards`"
     assert rules.main(["--check"]) == 0 and dashboards.main(["--check"]) == 0
 
 
@@ -178,12 +180,13 @@ def test_the_freshness_checks_catch_a_stale_copy(tmp_path: Path) -> None:
     out = tmp_path / "dashboards"
     assert dashboards.main(["--out", str(out)]) == 0
     assert sorted(p.name for p in out.glob("*.json")) == sorted(p.name for p in dashboards.OUT.glob("*.json"))
-    assert dashboards.stale(out=out) == [] and dashboards.main(["--check", "--out", str(out)]) == 0
+    assert stale_files(out, files()) == [] and dashboards.main(["--check", "--out", str(out)]) == 0
     (out / "specwatch-canary.json").write_text("{}")
     (out / "gone.json").write_text("{}")
-    assert dashboards.stale(out=out) == ["gone.json", "specwatch-canary.json"]
+    assert stale_files(out, files()) == ["gone.json", "specwatch-canary.json"]
     assert dashboards.main(["--check", "--out", str(out)]) == dashboards.EXIT_STALE
-    assert dashboards.main(["--out", str(out)]) == 0 and dashboards.stale(out=out) == []
+    assert dashboards.main(["--out", str(out)]) == 0 and stale_files(out, files()) == []
+    assert not (out / "gone.json").exists()
 
 
 def test_prometheusrules_carry_the_rule_files_unchanged(everything: list[Doc]) -> None:

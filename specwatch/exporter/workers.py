@@ -89,7 +89,10 @@ def listen_sockets(host: str, port: int, count: int) -> list[socket.socket]:
 ServeOne = Callable[[Worker, socket.socket], None]
 
 
-class Supervisor:
+class WorkerPool:
+    """The parent of `--workers N`: forks a worker per socket, restarts one that dies (within a budget), and
+    passes SIGTERM / SIGINT on."""
+
     def __init__(self, cfg: ExporterConfig, serve_one: ServeOne, sockets: list[socket.socket]) -> None:
         self.cfg, self.serve_one, self.sockets = cfg, serve_one, sockets
         self.run_dir = Path(tempfile.mkdtemp(prefix="specwatch-exporter-"))
@@ -221,4 +224,4 @@ def supervise(cfg: ExporterConfig, serve_one: ServeOne) -> int:
     except OSError as exc:
         print(f"specwatch exporter: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {exc}", file=sys.stderr)
         return 1
-    return Supervisor(cfg, serve_one, sockets).run()
+    return WorkerPool(cfg, serve_one, sockets).run()

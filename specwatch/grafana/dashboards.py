@@ -1,7 +1,7 @@
 """The committed dashboards: `specwatch/data/grafana/dashboards/*.json` written, or checked, from Python.
 
-`python -m specwatch.grafana.dashboards` rewrites them (`--out` another folder); `--check` exits 3
-when a committed file differs from a fresh generation (a test runs the same comparison).
+`python -m specwatch.grafana.dashboards` rewrites them (`--out` another folder) and removes any left over;
+`--check` exits 3 when a committed file differs from a fresh generation, is missing or is left over.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from specwatch import resources
-from specwatch.generated import EXIT_STALE, write_or_check
+from specwatch.generated import EXIT_STALE, write_or_check_folder
 from specwatch.grafana import acceptance, canary, latency
 from specwatch.grafana.board import render
 from specwatch.grafana.panels import Json
@@ -28,10 +28,9 @@ def dumps(board: Json) -> str:
     return json.dumps(board, indent=2, ensure_ascii=False) + "\n"
 
 
-def stale(out: Path) -> list[Path]:
-    """Committed files that differ from a fresh generation, or are missing."""
-    return [out / name for name, board in all_dashboards().items()
-            if not (out / name).exists() or (out / name).read_text() != dumps(board)]
+def files() -> dict[str, str]:
+    """File name -> the JSON text of every provisioned dashboard, as written."""
+    return {name: dumps(board) for name, board in all_dashboards().items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,9 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=resources.DASHBOARDS, help="folder for the JSON files")
     parser.add_argument("--check", action="store_true", help=f"exit {EXIT_STALE} when a committed file is not current")
     args = parser.parse_args(argv)
-    out: Path = args.out
-    how = f"python -m specwatch.grafana.dashboards --out {out}"
-    return max(write_or_check(out / name, dumps(board), args.check, how) for name, board in all_dashboards().items())
+    how = f"python -m specwatch.grafana.dashboards --out {args.out}"
+    return write_or_check_folder(args.out, files(), args.check, how)
 
 
 if __name__ == "__main__":
