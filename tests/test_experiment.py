@@ -49,6 +49,7 @@ def _spec_fields(variant: Path) -> list[dict[str, Any] | None]:
     return [r["spec"] for f in files for r in _lines(f)]
 
 
+@pytest.mark.servers
 def test_a_small_plan_end_to_end_on_the_simulator(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(SMALL)
@@ -122,6 +123,7 @@ variants:
 """
 
 
+@pytest.mark.servers
 def test_on_the_simulator_the_gain_shrinks_from_concurrency_1_to_8_and_prometheus_records_the_run(
         tmp_path: Path) -> None:
     """The article's reading "faster at concurrency 1, less so at 8" through the whole runner with Locust, on the
@@ -196,6 +198,7 @@ variants:
 """
 
 
+@pytest.mark.servers
 def test_an_interrupted_run_resumes_without_redoing_a_finished_variant(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(INTERRUPTIBLE)
@@ -237,6 +240,7 @@ def test_an_interrupted_run_resumes_without_redoing_a_finished_variant(tmp_path:
     assert [a["resume"] for a in attempts] == [False, True] and "finished" in attempts[1]
 
 
+@pytest.mark.servers
 def test_an_interleaved_run_interrupted_mid_round_stops_every_server_and_resumes_them_all(tmp_path: Path) -> None:
     """Every server is up at once in an interleaved run: Ctrl+C in the second round stops them all and writes no
     status; --resume redoes every variant, in rounds of their own."""
@@ -291,6 +295,7 @@ variants:
 """
 
 
+@pytest.mark.servers
 def test_a_bracketed_run_starts_one_server_at_a_time_and_reconciles_every_lifetime(tmp_path: Path) -> None:
     """Bracketed: baseline, ngram | ngram, baseline | baseline, ngram, one server up at a time, kept up where the next
     block is its own: each lives twice (baseline: round 1, rounds 2-3; n-gram: rounds 1-2, round 3). Each lifetime

@@ -32,7 +32,8 @@ from specwatch.exporter.sse import _STRING_BODY, _decoded
 
 from .test_fastrelay import BOUNDS, event, framed, shape
 
-pytestmark = pytest.mark.skipif(not fastrelay.AVAILABLE, reason="the compiled relay is not built")
+pytestmark = [pytest.mark.skipif(not fastrelay.AVAILABLE, reason="the compiled relay is not built"),
+              pytest.mark.servers]
 relay = fastrelay._fastrelay
 
 CASES = int(os.environ.get("SPECWATCH_FUZZ_CASES", "100000"))

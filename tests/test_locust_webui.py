@@ -33,6 +33,8 @@ from tests.conftest import DETAILED_SIM_ARGS
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
+pytestmark = pytest.mark.browser
+
 REPO = Path(__file__).parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

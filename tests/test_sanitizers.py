@@ -29,7 +29,8 @@ RELAY_TESTS = ["tests/test_fastrelay.py", "tests/test_fastrelay_fuzz.py", "tests
                "tests/test_exporter_hostile.py"]
 SANITIZERS = ("address", "undefined")
 
-pytestmark = pytest.mark.skipif(not fastrelay.AVAILABLE, reason="the compiled relay is not built (no C compiler)")
+pytestmark = [pytest.mark.skipif(not fastrelay.AVAILABLE, reason="the compiled relay is not built (no C compiler)"),
+              pytest.mark.servers]
 
 
 def sanitized_copy(folder: Path) -> Path:

@@ -44,6 +44,7 @@ def alive(run: Path) -> list[str]:
     return out
 
 
+@pytest.mark.servers
 def test_headless_up_runs_a_labelled_load_and_stops_everything(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "run"
@@ -71,6 +72,7 @@ def test_headless_up_runs_a_labelled_load_and_stops_everything(tmp_path: Path,
     assert not [p for p in out.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
 
 
+@pytest.mark.servers
 def test_web_mode_serves_locust_and_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "specwatch.cli", "up", "--backend", "sim", "--free-ports",

@@ -225,6 +225,7 @@ def _check_tune_outputs(run: Path) -> dict[str, object]:
             "mix": json.loads((tune / "proof-mix.json").read_text())}
 
 
+@pytest.mark.servers
 def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     """A sweep of EAGLE-3 at k 0, 4, 12 and concurrency 1 and 64 on the simulator at H200 step times: tune keeps
     k = 12 where verifying 13 tokens per sequence is cheap (batch 1) and drops it where it costs several plain steps

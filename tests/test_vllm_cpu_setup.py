@@ -2,6 +2,8 @@
 
 import subprocess
 
+import pytest
+
 from specwatch.config import Home
 from specwatch.vllm_cpu import pins
 from specwatch.vllm_cpu.setup import SetupError, install_plan, is_installed, setup
@@ -31,6 +33,7 @@ def test_setup_stops_at_the_first_failing_step_and_names_it(tmp_path):
     assert not is_installed(Home(tmp_path))
 
 
+@pytest.mark.real_vllm
 def test_installed_environment_imports_vllm_without_the_breaking_packages(home):
     assert is_installed(home)
     script = ("import importlib.util as u, vllm, torch, arctic_inference; "
