@@ -26,7 +26,7 @@ HEAD, CHUNK_SIZE, CHUNK_DATA, CHUNK_CRLF, TRAILER, BODY_LEN, BODY_CLOSE, DONE = 
 class Exchange:
     """One request/response on a connection: HTTP framing, SSE events, timestamps."""
 
-    __slots__ = ("fut", "t0", "state", "buf", "sse", "status", "keep_alive", "chunk_left",
+    __slots__ = ("fut", "t0", "state", "buf", "sse", "status", "headers", "keep_alive", "chunk_left",
                  "t_headers", "t_done", "t_end", "times", "parts", "usage", "spec", "bad",
                  "error", "err_body")
 
@@ -37,6 +37,7 @@ class Exchange:
         self.buf = bytearray()
         self.sse = b""
         self.status = 0
+        self.headers: dict[str, str] = {}  # names lowercased
         self.keep_alive = True
         self.chunk_left = 0
         self.t_headers = 0.0
@@ -85,6 +86,7 @@ class Exchange:
         for line in lines[1:]:
             k, _, v = line.partition(":")
             headers[k.strip().lower()] = v.strip().lower()
+        self.headers = headers
         self.t_headers = t
         if status[0] == "HTTP/1.0" or headers.get("connection") == "close":
             self.keep_alive = False
