@@ -91,12 +91,7 @@ def tree(root: int) -> list[int]:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """Whether pid runs (a zombie waiting for its reaper does not), from /proc."""
     try:
         return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
     except OSError:
@@ -234,6 +229,10 @@ def pip_target(target: Path, wheels: list[str], log_file: Path) -> bool:
 
 def py_env(*paths: Path | None) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(str(p) for p in paths if p is not None)}
+
+
+def build_dir(dev: Path, name: str) -> Path:
+    return dev / name if (dev / name).is_dir() else Path(name).resolve()
 
 
 def build_of(run: Run, src: Path, site: Path | None) -> str:
@@ -528,7 +527,7 @@ def _pinned_bench(a: argparse.Namespace, dev: Path, prefix: str, run: Run) -> in
                                "prometheus_client {version(\"prometheus_client\")}')"],
                               env={**os.environ, **pyenv}, capture_output=True, text=True, check=False)
     note(f"versions (exporter env): {(versions.stdout or versions.stderr).strip()}")
-    src = Path(a.src) if a.src else dev / "src"
+    src = build_dir(dev, a.src)
     note(f"specwatch: {build_of(run, src, site)}")
     nginx, nginx_env = ("", {}) if "nginx" in skip else nginx_binary(run, dev, run.work)
     if "nginx" in skip:
@@ -740,7 +739,7 @@ def per_request_or_profile(a: argparse.Namespace, dev: Path, out: Path) -> int:
 
         exporter = ["-m", "specwatch.cli", "exporter", "--upstream", f"baseline=http://127.0.0.1:{up}",
                     "--web.listen-address"]
-        src = dev / (profile or "src")
+        src = build_dir(dev, a.src)
         port = free_port()
         ports["exporter"] = port
         exp = run.start("exporter", cpu["exporter"], [sys.executable, *exporter, f"127.0.0.1:{port}"],
@@ -769,11 +768,11 @@ def per_request_or_profile(a: argparse.Namespace, dev: Path, out: Path) -> int:
             spy_bin = str(spy) if os.access(spy, os.X_OK) else shutil.which("py-spy")
             if not spy_bin:
                 sys.exit(f"run_pinned.py: no py-spy in {dev / 'bin'} or PATH")
-            stacks, text = out / f"profile-{profile}.stacks", out / f"profile-{profile}.txt"
+            stacks, text = out / f"profile-{src.name}.stacks", out / f"profile-{src.name}.txt"
             run.start("spy", cpu["spy"], [spy_bin, "record", "--pid", str(exp), "--rate", str(a.rate), "--format",
                                           "raw", "--native" if a.native else "--nonblocking", "-o", str(stacks)])
             time.sleep(1)
-            head = (f"# run_pinned.py --profile: {profile} ({commit}), per_request.py -n {n} --burst 64, "
+            head = (f"# run_pinned.py --profile: {src.name} ({commit}), per_request.py -n {n} --burst 64, "
                     f"py-spy --rate {a.rate}")
             body = subprocess.run([*client, targets[1]], env=env, capture_output=True, text=True, check=True).stdout
             os.kill(run.pid("spy"), signal.SIGINT)
@@ -826,13 +825,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help=f"comma list of {', '.join(ROLES)}")
     p.add_argument("--fronts", action="store_true")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS")
-    p.add_argument("--src", default="", help="the specwatch build measured as specwatch (default DEVPERF/src)")
+    p.add_argument("--src", default="src", help="the specwatch build measured as specwatch: a folder of DEVPERF "
+                   "(src, src-ref) or a path (default src)")
     p.add_argument("--no-install", action="store_true",
                    help="this python's own packages instead of DEVPERF/whl (a local try; the host needs the wheels)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--per-request", action="store_true", help="per_request.py against the exporter and the fronts")
-    mode.add_argument("--profile", nargs="?", const="src", default="", metavar="SRC",
-                      help="py-spy on the exporter of DEVPERF/SRC (src or src-ref) under per_request.py")
+    mode.add_argument("--profile", action="store_true", help="py-spy on the exporter of --src under per_request.py")
     p.add_argument("-n", type=int, default=0, help="--per-request / --profile: requests (default 4000 / 8000)")
     p.add_argument("--rate", type=int, default=997, help="--profile: py-spy samples per second")
     p.add_argument("--native", action="store_true", help="--profile: native frames too (pauses per sample)")
