@@ -61,6 +61,7 @@ from specwatch.simulator.main import build
 from specwatch.simulator.server import CHAT_TEMPLATE, GENERATION_PROMPT
 from specwatch.simulator.target import generate
 from specwatch.simulator.tokens import tokenize
+from specwatch.supervisor import Supervisor
 from specwatch.vllm_cpu.server import ENTRY, NGRAM_CONFIG, VllmServer, serve_argv
 from specwatch.workloads import TASKS, Row, article_rows
 
@@ -212,15 +213,11 @@ def install_pandas(vllm_python: Path) -> None:
                         "--no-deps", "--target", str(PANDAS), *PANDAS_REQS], check=True)
 
 
-def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path, server_pgid: int | None) -> ToolRun:
-    cfg = LoadConfig(target=url, concurrency=concurrency, requests_per_task=len(wl.rows),
-                     workloads={wl.task: wl.jsonl}, out=out, ignore_eos=True, max_tokens=tokens, max_seconds=900,
-                     model=MODEL)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "requests.jsonl").unlink(missing_ok=True)
-    started = time.monotonic()
-    with (out / "locust.log").open("wb") as log:
-        proc = subprocess.Popen(locust_command(cfg), stdout=log, stderr=subprocess.STDOUT)
+def run_sampled(argv: list[str], log: Path, server_pgid: int | None,
+                env: dict[str, str] | None = None) -> tuple[int, CpuSampler]:
+    """Runs `argv` to its end (20 min at most, then killed), output to `log`, its CPU and the server's sampled."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             with CpuSampler(proc.pid, server_pgid) as cpu:
                 proc.wait(1200)
@@ -228,6 +225,17 @@ def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    return proc.returncode, cpu
+
+
+def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path, server_pgid: int | None) -> ToolRun:
+    cfg = LoadConfig(target=url, concurrency=concurrency, requests_per_task=len(wl.rows),
+                     workloads={wl.task: wl.jsonl}, out=out, ignore_eos=True, max_tokens=tokens, max_seconds=900,
+                     model=MODEL)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "requests.jsonl").unlink(missing_ok=True)
+    started = time.monotonic()
+    returncode, cpu = run_sampled(locust_command(cfg), out / "locust.log", server_pgid)
     results = [r for r in read_results([out / "requests.jsonl"]) if not r.warmup]
     summary = summarise(results)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -246,8 +254,8 @@ def run_locust(url: str, wl: Workload, concurrency: int, tokens: int, out: Path,
     if ok:
         t0, t1 = min(r.start for r in ok), max(r.end for r in ok)
         _cpu_shares(run, cpu, t0, t1, wall_clock=True)
-    if proc.returncode != 0 and not run.errors:
-        run.errors.append(f"locust exit code {proc.returncode}; log {out / 'locust.log'}")
+    if returncode != 0 and not run.errors:
+        run.errors.append(f"locust exit code {returncode}; log {out / 'locust.log'}")
     return run
 
 
@@ -279,21 +287,13 @@ def run_bench(vllm_python: Path, url: str, wl: Workload, concurrency: int, token
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "PYTHONPATH": str(PANDAS)}
     started = time.monotonic()
-    with (out / "bench.log").open("wb") as log:
-        proc = subprocess.Popen(bench_command(vllm_python, url, wl, concurrency, tokens, tokenizer, out),
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            with CpuSampler(proc.pid, server_pgid) as cpu:
-                proc.wait(1200)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    returncode, cpu = run_sampled(bench_command(vllm_python, url, wl, concurrency, tokens, tokenizer, out),
+                                  out / "bench.log", server_pgid, env)
     seconds = time.monotonic() - started
     if not result.exists():
         tail = "\n".join((out / "bench.log").read_text(errors="replace").splitlines()[-15:])
         return ToolRun("vllm-bench", seconds, len(wl.rows), len(wl.rows), [], [], [], [],
-                       errors=[f"no result (exit {proc.returncode}): {tail}"])
+                       errors=[f"no result (exit {returncode}): {tail}"])
     data = json.loads(result.read_text())
     run = ToolRun("vllm-bench", seconds, len(wl.rows), int(data["failed"]), [], [], [], [],
                   own={"ttft_p50_ms": data.get("median_ttft_ms"), "tpot_p50_ms": data.get("median_tpot_ms")},
@@ -366,27 +366,9 @@ class Server:
 def sim_server(args: list[str], log: Path) -> Iterator[Server]:
     port = free_port()
     cmd = [sys.executable, "-m", "specwatch.cli", "sim", *args, "--port", str(port)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"simulator not healthy: {log.read_text()[-2000:]}")
-            try:
-                if requests.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                time.sleep(0.2)
-        yield Server("sim", url, proc.pid, "specwatch sim Qwen/Qwen3-8B, time scale 1 (H200-like)", cmd[3:])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    url = f"http://127.0.0.1:{port}"
+    with Supervisor("sim", cmd, log, url + "/health") as sim:  # its own process group: pid = pgid
+        yield Server("sim", url, sim.pid, "specwatch sim Qwen/Qwen3-8B, time scale 1 (H200-like)", cmd[3:])
 
 
 @contextmanager

@@ -4,7 +4,7 @@ Runs the same N streaming chat requests (ignore_eos, fixed output length) twice:
 1. in-process through the engine with a near-zero time scale, reading each request's
    TPOT off the timing model's own clock (what the model says);
 2. against a real `specwatch sim` process at time scale 1 over HTTP with N concurrent
-   aiohttp streams, measuring TPOT at the client (what a client sees).
+   streams of the benches' SSE client (perf/sse_client.py), measuring TPOT at the client (what a client sees).
 Prints the median and p95 of both and their ratio, and writes them to a JSON file.
 
     .venv/bin/python bench/bench_sim_streams.py --streams 64 --tokens 128
@@ -16,13 +16,9 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
-
-import aiohttp
-import requests
 
 from specwatch.net import free_port
 from specwatch.simulator.args import parse_sim_args
@@ -31,7 +27,11 @@ from specwatch.simulator.main import build
 from specwatch.simulator.server import CHAT_TEMPLATE, GENERATION_PROMPT
 from specwatch.simulator.target import generate
 from specwatch.simulator.tokens import tokenize
+from specwatch.supervisor import Supervisor
 from specwatch.workloads import article_rows
+
+sys.path.insert(0, str(Path(__file__).parent / "perf"))  # the benches' one SSE client
+from sse_client import stream_chat  # noqa: E402
 
 
 def modelled(argv: list[str], prompts: list[str], tokens: int) -> list[float]:
@@ -53,28 +53,14 @@ def modelled(argv: list[str], prompts: list[str], tokens: int) -> list[float]:
 
 
 async def measured(url: str, prompts: list[str], tokens: int) -> list[float]:
-    async def one(session: aiohttp.ClientSession, prompt: str) -> float:
-        body = {"model": "spec-demo", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-                "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        first = last = 0.0
-        completion = 0
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                    last = time.perf_counter()
-                    first = first or last
-                if chunk.get("usage"):
-                    completion = chunk["usage"]["completion_tokens"]
-        assert completion == tokens, completion
-        return (last - first) * 1000 / (tokens - 1)
+    async def one(prompt: str) -> float:
+        ex = await stream_chat(url, 300.0, model="spec-demo", prompt=prompt, max_tokens=tokens,
+                               extra={"temperature": 0, "ignore_eos": True})
+        completion = (ex.usage or {}).get("completion_tokens")
+        assert not ex.error and completion == tokens and ex.times, (ex.error, completion)
+        return (ex.times[-1] - ex.times[0]) * 1000 / (tokens - 1)
 
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        return list(await asyncio.gather(*(one(session, p) for p in prompts)))
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -96,21 +82,11 @@ def main() -> int:
         argv = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
                 "--max-num-seqs", str(args.streams), *extra]
         model = modelled(argv, prompts, args.tokens)
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "specwatch.cli", "sim", *argv, "--port", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(100):
-                try:
-                    if requests.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except requests.RequestException:
-                    time.sleep(0.1)
+        url = f"http://127.0.0.1:{free_port()}"
+        sim = Supervisor("sim", [sys.executable, "-m", "specwatch.cli", "sim", *argv, "--port", url.rsplit(":", 1)[1]],
+                         Path(tempfile.gettempdir()) / f"bench-sim-streams-{variant}.log", url + "/health")
+        with sim:
             client = asyncio.run(measured(url, prompts, args.tokens))
-        finally:
-            proc.terminate()
-            proc.wait(10)
         m, c = summary(model), summary(client)
         median_ratio, p95_ratio = c["median_ms"] / m["median_ms"], c["p95_ms"] / m["p95_ms"]
         results[variant] = {"modelled": m, "measured": c, "median_ratio": median_ratio, "p95_ratio": p95_ratio}

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Assembles the folder that travels to the many-core benchmark host (no network there) for run_pinned.sh:
+# Assembles the folder that travels to the many-core benchmark host (no network there) for run_pinned.py:
 #   DEST/whl/     wheels for CPython 3.12 manylinux x86-64: aiohttp and its needs, prometheus_client, uvloop,
 #                 pyyaml, at the versions pyproject.toml pins (the needs at this venv's versions)
 #   DEST/deb/     Debian's nginx + nginx-common (apt-get download, this host's Debian release)
 #   DEST/src/     this checkout's `specwatch` package and COMMIT (the commit, "+dirty" with local changes),
 #                 with the compiled relay as `make setup` built it
-#   DEST/perf/    this checkout's bench/perf (the harness travels with the code: run DEST/perf/run_pinned.sh
-#                 there, whichever checkout the device call sends)
-#   DEST/bin/     py-spy (a static binary), where the python's bin folder or PATH has one: profile_pinned.sh
+#   DEST/perf/    this checkout's bench/perf/*.py (the harness travels with the code: run
+#                 `python3 DEST/perf/run_pinned.py` there, whichever checkout the device call sends)
+#   DEST/bin/     py-spy (a static binary), where the python's bin folder or PATH has one: run_pinned.py --profile
 #   DEST/src-ref/ with --ref REV: the `specwatch` package at REV (git archive) with its own relay compiled
 #                 here (gcc, -O2, abi3, as setuptools builds it), measured beside it as `specwatch-ref` in the
 #                 same rounds (before / after under the same conditions)
-# vllm-router (DEST/whl-router/) is left out: run_pinned.sh then reports it as not installed.
+# vllm-router (DEST/whl-router/) is left out: run_pinned.py then reports it as not installed.
 # Usage: bench/perf/assemble_devperf.sh [--dest DIR] [--ref REV] [--python PY]   (default DIR: ./.devperf)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -44,7 +44,7 @@ if ls "$DEST"/src/specwatch/exporter/_fastrelay*.so >/dev/null 2>&1; then
 else
   echo "assemble_devperf: src has no compiled relay (run make setup first): the exporter there relays in Python" >&2
 fi
-cp "$ROOT"/bench/perf/*.py "$ROOT"/bench/perf/*.sh "$DEST/perf/"
+cp "$ROOT"/bench/perf/*.py "$DEST/perf/"
 find "$DEST/src" -name __pycache__ -prune -exec rm -rf {} +
 commit=$(git -C "$ROOT" rev-parse HEAD)
 git -C "$ROOT" diff --quiet HEAD -- specwatch || commit="$commit+dirty"

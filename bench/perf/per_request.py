@@ -1,9 +1,10 @@
 """Per-request CPU of a proxy: a stub upstream with one content chunk and no delays, N requests sent
 one at a time and N sent at once (a burst), the proxy's CPU time (utime+stime from /proc) per request.
 
-Usage: python per_request.py --proxy URL@PID --direct URL@PID [-n 2000] [--burst 64]
-Each request is the harness's streamed chat request (include_usage set, as proxy_bench sends it).
-Prints, per mode, CPU µs per request for the proxy and for the stub, and the client-seen TTFT.
+Usage: python per_request.py [-n 2000] [--burst 64] name=URL@PID[,PID] ...
+Each request is the harness's streamed chat request (include_usage set, as proxy_bench sends it), over
+the benches' shared client (sse_client.py). Prints, per mode, CPU µs per request for each PID (the
+proxy, then the stub) and the client-seen TTFT (request written -> first content chunk).
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import json
 import os
 import statistics
 import time
+from urllib.parse import urlsplit
 
-import aiohttp
+from sse_client import HttpConn, chat_path, chat_request, connect
 
 TICK = os.sysconf("SC_CLK_TCK")
-BODY = json.dumps({"model": "stub-model", "stream": True, "stream_options": {"include_usage": True},
-                   "messages": [{"role": "user", "content": "Write a short note about speculative decoding."}]})
 
 
 def cpu(pid: int) -> float:
@@ -42,37 +42,37 @@ def _children(pid: int) -> list[int]:
     return kids + [g for k in kids for g in _children(k)]
 
 
-async def one(session: aiohttp.ClientSession, url: str) -> float:
-    t0 = time.perf_counter()
-    first = None
-    async with session.post(url + "/v1/chat/completions", data=BODY,
-                            headers={"Content-Type": "application/json"}) as r:
-        async for _ in r.content.iter_any():
-            if first is None:
-                first = time.perf_counter() - t0
-    return first or 0.0
+async def one(conn: HttpConn, payload: bytes) -> float:
+    ex = await conn.request(payload, 60.0)
+    if ex.error or ex.status != 200 or not ex.times:
+        raise RuntimeError(ex.error or f"HTTP {ex.status}, {len(ex.times)} content chunks")
+    return ex.times[0] - ex.t0
 
 
 async def measure(url: str, pids: list[int], n: int, burst: int) -> dict[str, object]:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    payload = chat_request(host, port, chat_path(parts.path))
+    conns = await asyncio.gather(*(connect(host, port) for _ in range(max(burst, 16))))
+    await asyncio.gather(*(one(c, payload) for c in conns))  # warm: every connection has served one
     out: dict[str, object] = {}
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn) as s:
-        await asyncio.gather(*(one(s, url) for _ in range(max(burst, 16))))  # warm: connections open
-        for mode in ("sequential", f"burst{burst}"):
-            c0 = [cpu(p) for p in pids]
-            t0 = time.perf_counter()
-            ttfts: list[float] = []
-            if mode == "sequential":
-                for _ in range(n):
-                    ttfts.append(await one(s, url))
-            else:
-                for _ in range(n // burst):
-                    ttfts += await asyncio.gather(*(one(s, url) for _ in range(burst)))
-            wall = time.perf_counter() - t0
-            c1 = [cpu(p) for p in pids]
-            out[mode] = {"cpu_us_per_req": [round((b - a) / len(ttfts) * 1e6, 1) for a, b in zip(c0, c1, strict=True)],
-                         "ttft_ms_p50": round(statistics.median(ttfts) * 1e3, 3),
-                         "ttft_ms_max": round(max(ttfts) * 1e3, 3), "wall_s": round(wall, 2), "n": len(ttfts)}
+    for mode in ("sequential", f"burst{burst}"):
+        c0 = [cpu(p) for p in pids]
+        t0 = time.perf_counter()
+        ttfts: list[float] = []
+        if mode == "sequential":
+            for _ in range(n):
+                ttfts.append(await one(conns[0], payload))
+        else:
+            for _ in range(n // burst):
+                ttfts += await asyncio.gather(*(one(c, payload) for c in conns[:burst]))
+        wall = time.perf_counter() - t0
+        c1 = [cpu(p) for p in pids]
+        out[mode] = {"cpu_us_per_req": [round((b - a) / len(ttfts) * 1e6, 1) for a, b in zip(c0, c1, strict=True)],
+                     "ttft_ms_p50": round(statistics.median(ttfts) * 1e3, 3),
+                     "ttft_ms_max": round(max(ttfts) * 1e3, 3), "wall_s": round(wall, 2), "n": len(ttfts)}
+    for c in conns:
+        c.close()
     return out
 
 

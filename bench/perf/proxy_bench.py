@@ -15,8 +15,9 @@ and after each of its own blocks, per 1,000 content chunks delivered. The client
 own CPU too: a block where it used more than --client-cpu-limit of a core is flagged, because
 its timestamps are then delayed by its own work.
 
-The HTTP/1.1 client is a small asyncio Protocol (keep-alive, chunked or length-delimited
-bodies) so the per-chunk cost of the measuring side stays low; uvloop is used when installed.
+The HTTP/1.1 client is the benches' shared one (sse_client.py: a small asyncio Protocol, keep-alive,
+chunked or length-delimited bodies) so the per-chunk cost of the measuring side stays low; uvloop is
+used when installed.
 
 --client-processes P (default 1: everything in this process, as before): the connections of each
 block are split over P client processes forked at start-up (each with its own event loop, all on
@@ -49,17 +50,18 @@ import os
 import platform
 import random
 import signal
-import socket
 import sys
 import time
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
+
+from sse_client import PROMPT, Exchange, HttpConn, chat_path, chat_request, connect, perf_counter
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NCPU = os.cpu_count() or 1
-perf_counter = time.perf_counter
 
 # ----------------------------------------------------------------------------- targets
 
@@ -95,9 +97,7 @@ def parse_target(spec: str, default_name: str | None = None) -> Target:
     parts = urlsplit(spec)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"{name}: {spec!r} is not an http://host:port[/prefix] URL")
-    path = parts.path.rstrip("/")
-    if not path.endswith("/chat/completions"):
-        path += "/chat/completions" if path.endswith("/v1") else "/v1/chat/completions"
+    path = chat_path(parts.path)
     if pid is not None and not os.path.exists(f"/proc/{pid}/stat"):
         raise ValueError(f"{name}: no process with PID {pid}")
     return Target(name, spec, parts.hostname, parts.port or 80, path, pid)
@@ -151,278 +151,23 @@ def machine_busy() -> tuple[int, int]:
     return total - idle, total
 
 
-# ----------------------------------------------------------------------------- HTTP client
-
-HEAD, CHUNK_SIZE, CHUNK_DATA, CHUNK_CRLF, TRAILER, BODY_LEN, BODY_CLOSE, DONE = range(8)
-
-
-class Exchange:
-    """One request/response on a connection: HTTP framing, SSE events, timestamps."""
-
-    __slots__ = ("fut", "t0", "state", "buf", "sse", "status", "keep_alive", "chunk_left",
-                 "t_headers", "t_done", "t_end", "times", "parts", "usage", "spec", "bad",
-                 "error", "err_body")
-
-    def __init__(self, fut: asyncio.Future[None]) -> None:
-        self.fut = fut
-        self.t0 = 0.0
-        self.state = HEAD
-        self.buf = bytearray()
-        self.sse = b""
-        self.status = 0
-        self.keep_alive = True
-        self.chunk_left = 0
-        self.t_headers = 0.0
-        self.t_done = 0.0
-        self.t_end = 0.0
-        self.times: list[float] = []
-        self.parts: list[str] = []
-        self.usage = False
-        self.spec = False
-        self.bad = 0
-        self.error = ""
-        self.err_body = b""
-
-    # framing ------------------------------------------------------------------
-    def feed(self, data: bytes, t: float) -> None:
-        if self.state == HEAD:
-            self.buf += data
-            i = self.buf.find(b"\r\n\r\n")
-            if i < 0:
-                return
-            head = bytes(self.buf[:i]).decode("latin-1").split("\r\n")
-            data = bytes(self.buf[i + 4:])
-            self.buf.clear()
-            self._head(head, t)
-            if self.state == DONE:
-                self._finish(t)
-                return
-            if not data:
-                return
-        if self.state == BODY_LEN:
-            take = data[:self.chunk_left]
-            self.chunk_left -= len(take)
-            self._body(take, t)
-            if self.chunk_left <= 0:
-                self.state = DONE
-                self._finish(t)
-        elif self.state == BODY_CLOSE:
-            self._body(data, t)
-        elif self.state != DONE:
-            self._chunked(data, t)
-
-    def _head(self, lines: list[str], t: float) -> None:
-        status = lines[0].split(" ", 2)
-        self.status = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
-        headers = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            headers[k.strip().lower()] = v.strip().lower()
-        self.t_headers = t
-        if status[0] == "HTTP/1.0" or headers.get("connection") == "close":
-            self.keep_alive = False
-        if "chunked" in headers.get("transfer-encoding", ""):
-            self.state = CHUNK_SIZE
-        elif "content-length" in headers:
-            self.chunk_left = int(headers["content-length"])
-            self.state = BODY_LEN if self.chunk_left > 0 else DONE
-        else:
-            self.state = BODY_CLOSE
-            self.keep_alive = False
-
-    def _chunked(self, data: bytes, t: float) -> None:
-        buf = self.buf
-        buf += data
-        pieces = []
-        while True:
-            st = self.state
-            if st == CHUNK_DATA:
-                if not buf:
-                    break
-                take = min(len(buf), self.chunk_left)
-                pieces.append(bytes(buf[:take]))
-                del buf[:take]
-                self.chunk_left -= take
-                if self.chunk_left == 0:
-                    self.state = CHUNK_CRLF
-            elif st == CHUNK_SIZE:
-                j = buf.find(b"\r\n")
-                if j < 0:
-                    break
-                size = int(bytes(buf[:j]).split(b";")[0], 16)
-                del buf[:j + 2]
-                if size == 0:
-                    self.state = TRAILER
-                else:
-                    self.chunk_left = size
-                    self.state = CHUNK_DATA
-            elif st == CHUNK_CRLF:
-                if len(buf) < 2:
-                    break
-                del buf[:2]
-                self.state = CHUNK_SIZE
-            elif st == TRAILER:
-                j = buf.find(b"\r\n")
-                if j < 0:
-                    break
-                del buf[:j + 2]
-                if j == 0:
-                    self.state = DONE
-                    break
-            else:
-                break
-        if pieces:
-            self._body(b"".join(pieces), t)
-        if self.state == DONE:
-            self._finish(t)
-
-    def eof(self, t: float, exc: BaseException | None) -> None:
-        """The connection closed while this exchange was running."""
-        if self.state == BODY_CLOSE:
-            self.state = DONE
-            self._finish(t)
-        elif not self.fut.done():
-            self.error = f"connection closed mid-response ({exc or 'EOF'})"
-            self.fut.set_result(None)
-
-    def _finish(self, t: float) -> None:
-        self.t_end = t
-        if self.sse.strip():
-            self._event(self.sse, t)
-            self.sse = b""
-        if not self.fut.done():
-            self.fut.set_result(None)
-
-    # SSE ------------------------------------------------------------------------
-    def _body(self, data: bytes, t: float) -> None:
-        if self.status != 200:
-            if len(self.err_body) < 2000:
-                self.err_body += data[:2000]
-            return
-        s = self.sse + data
-        if b"\r" in s:
-            s = s.replace(b"\r\n", b"\n")
-        events = s.split(b"\n\n")
-        self.sse = events.pop()
-        for ev in events:
-            self._event(ev, t)
-
-    def _event(self, ev: bytes, t: float) -> None:
-        payload = None
-        for line in ev.split(b"\n"):
-            if line.startswith(b"data:"):
-                line = line[6:] if line[5:6] == b" " else line[5:]
-                payload = line if payload is None else payload + b"\n" + line
-        if payload is None:
-            return  # comment or keep-alive
-        if payload == b"[DONE]":
-            self.t_done = t
-            return
-        try:
-            obj = json.loads(payload)
-            choices = obj.get("choices")
-        except (ValueError, AttributeError):
-            self.bad += 1
-            return
-        if choices:
-            delta = choices[0].get("delta") or {}
-            content = delta.get("content")
-            if content:
-                self.times.append(t)
-                self.parts.append(content)
-        if obj.get("usage"):  # vLLM sends it with choices: []; some proxies re-shape it
-            self.usage = True
-        metrics = obj.get("metrics")
-        if isinstance(metrics, dict) and "speculative_decoding" in metrics:
-            self.spec = True
-        if "error" in obj and not self.error:
-            self.error = "error event: " + str(obj["error"])[:200]
-
-
-class HttpConn(asyncio.Protocol):
-    """A keep-alive HTTP/1.1 connection that runs one Exchange at a time."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.exchange: Exchange | None = None
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        t = perf_counter()
-        ex = self.exchange
-        if ex is not None:
-            ex.feed(data, t)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.closed = True
-        ex = self.exchange
-        if ex is not None:
-            ex.eof(perf_counter(), exc)
-
-    async def request(self, payload: bytes, timeout: float) -> Exchange:
-        ex = Exchange(asyncio.get_running_loop().create_future())
-        self.exchange = ex
-        assert self.transport is not None
-        ex.t0 = perf_counter()
-        self.transport.write(payload)
-        try:
-            await asyncio.wait_for(ex.fut, timeout)
-        except TimeoutError:
-            ex.error = f"timeout after {timeout:g} s"
-            self.close()
-        self.exchange = None
-        if not ex.keep_alive or ex.error:
-            self.close()
-        return ex
-
-    def close(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.abort()
-        self.closed = True
-
-
-async def connect(target: Target) -> HttpConn:
-    loop = asyncio.get_running_loop()
-    _, proto = await asyncio.wait_for(
-        loop.create_connection(HttpConn, target.host, target.port), 10)
-    return proto
-
-
 def build_request(target: Target, args: argparse.Namespace, max_tokens: int = 0) -> bytes:
-    body: dict = {"model": args.model, "stream": True,
-                  "messages": [{"role": "user", "content": args.prompt}]}
-    if not args.no_include_usage:
-        body["stream_options"] = {"include_usage": True}
-    if max_tokens:
-        body["max_tokens"] = max_tokens
-    raw = json.dumps(body, separators=(",", ":")).encode()
-    head = (f"POST {target.path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
-            "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-            f"User-Agent: proxy_bench/1\r\nContent-Length: {len(raw)}\r\n")
-    if args.api_key:
-        head += f"Authorization: Bearer {args.api_key}\r\n"
-    return head.encode() + b"\r\n" + raw
+    return chat_request(target.host, target.port, target.path, model=args.model, prompt=args.prompt,
+                        max_tokens=max_tokens, include_usage=not args.no_include_usage, api_key=args.api_key)
 
 
 # ----------------------------------------------------------------------------- results
 
 
-@dataclass
-class Sample:
-    """What one request yielded; latencies in seconds."""
+class Sample(NamedTuple):
+    """What one request yielded, latencies in seconds; a plain tuple on the pipe from a client process."""
 
     ok: bool
     error: str
     ttft: float = 0.0
     e2e: float = 0.0
     tpot: float = 0.0
-    gaps: list[float] = field(default_factory=list)
+    gaps: tuple[float, ...] = ()
     chunks: int = 0
     crc: int = 0
     usage: bool = False
@@ -437,10 +182,10 @@ def to_sample(ex: Exchange) -> Sample:
         return Sample(False, "no content chunk in the stream")
     times = ex.times
     end = ex.t_done or ex.t_end
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = tuple(b - a for a, b in zip(times, times[1:], strict=False))
     tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
     return Sample(True, "" if ex.t_done else "no [DONE]", times[0] - ex.t0, end - ex.t0, tpot,
-                  gaps, len(times), zlib.crc32("".join(ex.parts).encode()), ex.usage, ex.spec)
+                  gaps, len(times), zlib.crc32("".join(ex.parts).encode()), bool(ex.usage), ex.spec)
 
 
 @dataclass
@@ -508,7 +253,7 @@ def closed_loop(target: Target, conns: list[HttpConn], payload: bytes, n: int, t
             first = False
             if conn.closed:
                 try:
-                    conn = await connect(target)
+                    conn = await connect(target.host, target.port)
                 except (TimeoutError, OSError) as exc:
                     samples.append(Sample(False, f"connect: {exc!r}"))
                     continue
@@ -518,13 +263,6 @@ def closed_loop(target: Target, conns: list[HttpConn], payload: bytes, n: int, t
 
 
 # ---- --client-processes: a pool of forked client processes, driven over pipes
-
-SampleTuple = tuple[bool, str, float, float, float, list[float], int, int, bool, bool]
-
-
-def sample_tuple(s: Sample) -> SampleTuple:
-    return (s.ok, s.error, s.ttft, s.e2e, s.tpot, s.gaps, s.chunks, s.crc, s.usage, s.spec)
-
 
 async def pipe_recv(conn: multiprocessing.connection.Connection) -> tuple:
     """The next message on a pipe, without blocking the event loop while waiting for it."""
@@ -599,7 +337,7 @@ async def client_proc_loop(pipe: multiprocessing.connection.Connection, index: i
         target = targets[name]
         conns: list[HttpConn] = []
         try:
-            for c in await asyncio.gather(*(connect(target) for _ in range(nconn)),
+            for c in await asyncio.gather(*(connect(target.host, target.port) for _ in range(nconn)),
                                           return_exceptions=True):
                 if isinstance(c, BaseException):
                     raise c
@@ -636,7 +374,7 @@ async def client_proc_loop(pipe: multiprocessing.connection.Connection, index: i
         await pipe_recv(pipe)  # "collect": the parent has read /proc
         for c in conns:
             c.close()
-        pipe.send(("samples", [sample_tuple(s) for s in samples]))
+        pipe.send(("samples", [tuple(s) for s in samples]))
 
 
 class ClientPool:
@@ -756,7 +494,7 @@ class Bench:
     async def block(self, target: Target, conc: int, n: int, rnd: int) -> Block:
         if self.pool is not None:
             return await self.block_pool(target, conc, n, rnd)
-        conns = await asyncio.gather(*(connect(target) for _ in range(min(conc, n))))
+        conns = await asyncio.gather(*(connect(target.host, target.port) for _ in range(min(conc, n))))
         payload = self.payload[target.name]
         timeout = self.args.timeout_s
         if not self.args.no_prime:
@@ -1116,7 +854,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--client-cpu-limit", type=float, default=0.70,
                    help="fraction of a core above which the client is flagged")
     p.add_argument("--model", default="stub-model")
-    p.add_argument("--prompt", default="Write a short note about speculative decoding.")
+    p.add_argument("--prompt", default=PROMPT)
     p.add_argument("--max-tokens", type=int, default=0, help="sent as max_tokens when > 0")
     p.add_argument("--no-include-usage", action="store_true")
     p.add_argument("--api-key", default=os.environ.get("PROXY_BENCH_API_KEY", ""),
