@@ -1,4 +1,4 @@
-"""The canary judge: each metric pass / high / low, a weighted score, and a verdict per task in words.
+"""The canary's scoring: each metric pass / high / low, a weighted score, and a verdict per task in words.
 
 After Kayenta's judge, stricter on evidence:
 
