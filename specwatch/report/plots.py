@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from specwatch.report.judgements import TITLES, Judgements, concurrencies, perf_tasks  # noqa: E402
+from specwatch.report.judgements import TITLES, Judgements, band, concurrencies, perf_tasks  # noqa: E402
 from specwatch.report.results import PERF_METRICS, RunResults, VariantResults  # noqa: E402
 
 BASELINE_COLOUR = "#7f7f7f"
@@ -184,7 +184,7 @@ def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict
     for row, task in enumerate(tasks):
         for col, metric in enumerate(PERF_METRICS):
             ax = axes[row][col]
-            band = None
+            tolerance = None
             for i, (v, base) in enumerate(candidates):
                 if base is None:
                     continue
@@ -201,9 +201,9 @@ def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict
                         ax.scatter([x], [cmp.candidate / cmp.baseline], facecolors="none", edgecolors=colour[v.name],
                                    gid=v.name, label=v.name if j == 0 else None)
                 mp = next((m for m in policy.metrics if m.name == metric), None)
-                band = (1 - mp.allowed_decrease, 1 + mp.allowed_increase) if mp else None
-            if band:
-                ax.axhspan(*band, color="0.9", zorder=0)
+                tolerance = band(mp) if mp else None
+            if tolerance:
+                ax.axhspan(tolerance.low, tolerance.high, color="0.9", zorder=0)
             ax.axhline(1.0, color="grey", linewidth=0.8)
             ax.set_xticks(range(len(concs)), [f"c = {c}" for c in concs])
             ax.set_title(f"{task}: {TITLES[metric]} / baseline")
