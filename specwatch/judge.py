@@ -21,7 +21,7 @@ rounds. `high` / `low` then needs both intervals, over requests and over rounds,
 (from `GATING_ROUNDS` rounds on; with two the interval over rounds is shown, not required).
 
 The states are the canary's. What a state means is the caller's: the canary scores them
-(`specwatch.canary.judge`: a `high` TPOT fails), the study turns them into GO / NO-GO /
+(`specwatch.canary.scoring`: a `high` TPOT fails), the study turns them into GO / NO-GO /
 INCONCLUSIVE (`specwatch.report.verdict`: a `low` TPOT is a gain).
 """
 
@@ -104,7 +104,7 @@ class Comparison:
         return f"significant and entirely {'higher' if self.state == 'high' else 'lower'} than the tolerance"
 
 
-def classify(p_value: float, effect: Shift, band: Band, alpha: float) -> State:
+def state_of(p_value: float, effect: Shift, band: Band, alpha: float) -> State:
     """high / low only when significant and the whole interval is beyond the band; pass otherwise."""
     if p_value >= alpha:
         return "pass"
@@ -127,7 +127,7 @@ def samples(baseline: Sequence[float], candidate: Sequence[float], scale: Scale,
     if nb < rules.min_samples or nc < rules.min_samples:
         return Comparison("insufficient", scale, nb, nc, None, None, *medians)
     cmp = compare(baseline, candidate, scale == "ratio", rules.confidence)
-    return Comparison(classify(cmp.p_value, cmp.effect, band, rules.alpha), scale, nb, nc, cmp.effect, cmp.p_value,
+    return Comparison(state_of(cmp.p_value, cmp.effect, band, rules.alpha), scale, nb, nc, cmp.effect, cmp.p_value,
                       *medians, cmp.p_value < rules.alpha, inside(cmp.effect, band))
 
 
@@ -171,7 +171,7 @@ def blocked(baseline: Mapping[int, Sequence[float]], candidate: Mapping[int, Seq
     e, m = cmp.effect, mean_interval(per_round, rules.confidence)
     effect = Shift(back(e.estimate), back(e.low), back(e.high), e.confidence)
     over = Shift(back(m.estimate), back(m.low), back(m.high), m.confidence)
-    by_requests = classify(cmp.p_value, effect, band, rules.alpha)
+    by_requests = state_of(cmp.p_value, effect, band, rules.alpha)
     by_rounds: State = "high" if over.low > band.high else "low" if over.high < band.low else "pass"
     gates = len(rounds) >= GATING_ROUNDS
     state: State = by_requests if by_requests == by_rounds or not gates else "pass"
@@ -187,5 +187,5 @@ def proportions(k_baseline: int, n_baseline: int, k_candidate: int, n_candidate:
     if n_baseline < rules.min_samples or n_candidate < rules.min_samples:
         return Comparison("insufficient", "difference", n_baseline, n_candidate, None, None, *shares)
     effect, p = newcombe(k_candidate, n_candidate, k_baseline, n_baseline, rules.confidence)
-    return Comparison(classify(p, effect, band, rules.alpha), "difference", n_baseline, n_candidate, effect, p,
+    return Comparison(state_of(p, effect, band, rules.alpha), "difference", n_baseline, n_candidate, effect, p,
                       *shares, p < rules.alpha)

@@ -225,8 +225,8 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Shift:
 
 
 @dataclass(frozen=True)
-class Comparison:
-    """Candidate against baseline for one metric: the test and the effect on the metric's scale."""
+class ShiftTest:
+    """What `compare` finds for one metric, candidate against baseline: the test's p-value and the effect."""
 
     p_value: float
     effect: Shift  # a ratio (log scale) or a difference (natural scale)
@@ -234,7 +234,7 @@ class Comparison:
 
 
 def compare(baseline: Sequence[float], candidate: Sequence[float], log_scale: bool,
-            confidence: float = 0.95) -> Comparison:
+            confidence: float = 0.95) -> ShiftTest:
     """Mann-Whitney on the samples; Hodges-Lehmann on logs (-> a ratio) or on the values (-> a difference)."""
     test = mann_whitney(candidate, baseline)  # ranks do not change under log
     if log_scale:
@@ -244,4 +244,4 @@ def compare(baseline: Sequence[float], candidate: Sequence[float], log_scale: bo
         effect = Shift(math.exp(s.estimate), math.exp(s.low), math.exp(s.high), confidence)
     else:
         effect = hodges_lehmann(candidate, baseline, confidence)
-    return Comparison(test.p_value, effect, test.u)
+    return ShiftTest(test.p_value, effect, test.u)

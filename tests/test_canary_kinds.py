@@ -1,4 +1,4 @@
-"""The policy's comparison kinds in the canary's judge: ITL p95 a caution against a baseline that does not
+"""The policy's comparison kinds in the canary's scoring: ITL p95 a caution against a baseline that does not
 speculate, a gate between two speculative configs; `auto` tells them apart by whether the baseline drafted.
 
 Per-request samples (as the event log gives) for TPOT and acceptance, Prometheus figures for ITL p95 (the
@@ -14,8 +14,8 @@ import yaml
 
 from specwatch import resources
 from specwatch.canary import policy as policy_mod
-from specwatch.canary.judge import CanaryVerdict, judge
 from specwatch.canary.samples import Side
+from specwatch.canary.scoring import CanaryVerdict, judge
 
 
 def side(tpot: float, itl_p95: float, drafts: bool, rng: random.Random, n: int = 40) -> Side:

@@ -22,7 +22,7 @@ from specwatch import cli, snapshot
 from specwatch.acceptance import Acceptance, spec_field
 from specwatch.config import Home
 from specwatch.models.build import EAGLE3_SMALL, ModelFolders, build_eagle3
-from specwatch.report import quality, results, verdict
+from specwatch.report import judgements, quality, results, verdict
 from specwatch.workloads import SOURCE, article_prompt
 from tests.hog import Hog
 
@@ -197,6 +197,11 @@ def run_study(home: Home, folder: Path, plan: str, hog_seconds: float | None = N
     return Study(run, window)
 
 
+def _verdicts(run: results.RunResults) -> dict[tuple[str, str], verdict.Verdict]:
+    """The verdicts at concurrency 2 against `baseline`, by (variant, task)."""
+    return {(v.variant, v.task): v for v in verdict.judge(run, "baseline", 2, judgements.build(run, "baseline", 2))}
+
+
 @pytest.fixture(scope="module")
 def cpu_study(home: Home, model_folders: ModelFolders, tmp_path_factory: pytest.TempPathFactory) -> Study:
     head = build_eagle3(home, model_folders.target, size=EAGLE3_SMALL)
@@ -218,7 +223,7 @@ def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, cpu_study
     for task in ("code", "chat"):
         rate = truncated.acceptance[task].acceptance_rate
         assert rate is not None and rate < 0.2, (task, rate)
-    verdicts = {(v.variant, v.task): v for v in verdict.judge(run, "baseline", 2)}
+    verdicts = _verdicts(run)
     assert not verdicts[("draft-first8", "code")].go and not verdicts[("draft-first8", "chat")].go
     # the plan's EAGLE-3 variant, uncommented, runs as a user would run it: reconciled, code above chat, falling
     eagle3 = run.variant("eagle3")
@@ -324,8 +329,7 @@ def test_a_cpu_hog_in_the_study_changes_no_verdict_but_to_inconclusive_with_the_
             slowed.append(statistics.mean([x for r in inside for x in tpot[r]])
                           / statistics.median([x for r in outside for x in tpot[r]]))
     assert slowed and max(slowed) > 1.5, slowed
-    before = {(j.variant, j.task): j for j in verdict.judge(quiet, "baseline", 2)}
-    after = {(j.variant, j.task): j for j in verdict.judge(noisy, "baseline", 2)}
+    before, after = _verdicts(quiet), _verdicts(noisy)
     assert before.keys() == after.keys()
     for key, j in after.items():
         if j.outcome != before[key].outcome:

@@ -16,7 +16,7 @@ from specwatch import judge, resources
 from specwatch.acceptance import Acceptance
 from specwatch.canary import policy as policy_mod
 from specwatch.load.results import RequestResult
-from specwatch.report import plots, quality, render, verdict
+from specwatch.report import judgements, plots, quality, render, verdict
 from specwatch.report.results import Output, RunResults, Token, VariantResults
 from specwatch.stats import Shift
 
@@ -56,8 +56,14 @@ def _run(*variants: VariantResults, timeline: dict[str, Any] | None = None) -> R
     return RunResults(Path("."), "t", {}, list(variants), {"code": []}, timeline)
 
 
+def _judged(run: RunResults) -> tuple[list[verdict.Verdict], judgements.Judgements]:
+    """The verdicts at TARGET against `baseline`, and the report's judgements they read (the default policy)."""
+    table = judgements.build(run, "baseline", TARGET)
+    return verdict.judge(run, "baseline", TARGET, table), table
+
+
 def _one(*variants: VariantResults) -> verdict.Verdict:
-    (only,) = verdict.judge(_run(*variants), "baseline", TARGET)
+    (only,), _ = _judged(_run(*variants))
     return only
 
 
@@ -134,9 +140,8 @@ def test_the_exact_rules_still_decide() -> None:
 def test_the_report_says_the_verdict_with_its_lines(tmp_path: Path) -> None:
     n = DEMO_REQUESTS
     run = _run(_variant("baseline", n, 0.06, 1), _variant("fast", n, 0.04, 1))
-    policy = policy_mod.load()
-    verdicts = verdict.judge(run, "baseline", TARGET, policy=policy)
-    md = render.markdown(run, "baseline", TARGET, verdicts, [], policy)
+    verdicts, table = _judged(run)
+    md = render.markdown(run, "baseline", TARGET, verdicts, [], table)
     assert re.search(r"\| fast \| code \| \*\*GO\*\*: at concurrency 2: TPOT -\d+ % \[-\d+ %, -\d+ %\], "
                      rf"n = {n} / {n}: better", md), md
     judged = (rf"\| fast \| baseline \| code \| 2 \| TPOT \| 0\.\d+x \[0\.\d+, 0\.\d+\] \| - \| {n} / {n} \| "
@@ -177,7 +182,7 @@ def test_every_figure_of_a_report_gives_a_variant_the_same_colour(tmp_path: Path
         return save(fig, path)
 
     monkeypatch.setattr(plots, "_save", keep)
-    made = plots.all_plots(run, "baseline", tmp_path)
+    made = plots.all_plots(run, "baseline", tmp_path, judgements.build(run, "baseline", TARGET))
     assert len(made) == len(figures) == 8 and all(p.exists() for p in made)
     expected = plots.colours(run, "baseline")
     assert expected["baseline"] == plots.BASELINE_COLOUR and len(set(expected.values())) == len(names)
@@ -207,12 +212,13 @@ def test_a_variant_with_its_own_baseline_is_judged_against_it_and_that_baseline_
     run = _run(qwen, ngram, mimo, mtp)
     assert [(v.name, b.name if b else None) for v, b in run.candidates("baseline")] == [
         ("ngram", "baseline"), ("mtp", "mimo-baseline")]
-    verdicts = {v.variant: v for v in verdict.judge(run, "baseline", TARGET)}
+    judged, table = _judged(run)
+    verdicts = {v.variant: v for v in judged}
     assert set(verdicts) == {"ngram", "mtp"}
     assert verdicts["mtp"].outcome == "go", verdicts["mtp"].reason  # against Qwen's baseline it would be no change
     assert "outputs identical to the baseline's (3/3)" in verdicts["mtp"].reason
     assert "KV capacity +0% (80 vs 80 blocks)" in verdicts["mtp"].reason
-    md = render.markdown(run, "baseline", TARGET, list(verdicts.values()), [], policy_mod.load())
+    md = render.markdown(run, "baseline", TARGET, judged, [], table)
     assert "| mtp | mimo-baseline | code | 2 | TPOT |" in md and "| mimo-baseline | baseline |" not in md
 
 
@@ -306,8 +312,8 @@ def test_the_report_shows_where_each_text_parts(tmp_path: Path) -> None:
     base = _with_outputs(_variant("baseline", n, 0.06, 9), Output("code", 0, "A method using", "length", 3,
                                                                   BASE_TOKENS))
     run = _run(base, _with_outputs(_variant("fast", n, 0.04, 9), Output("code", 0, "A method a", "length", 3, TIED)))
-    policy = policy_mod.load()
-    md = render.markdown(run, "baseline", TARGET, verdict.judge(run, "baseline", TARGET, policy=policy), [], policy)
+    verdicts, table = _judged(run)
+    md = render.markdown(run, "baseline", TARGET, verdicts, [], table)
     assert "| fast | code | 0/1 | 1/1 | row 0, token 2: ' using' vs ' a' (swing 0.125 nats) | - |" in md, md
 
 
@@ -346,7 +352,7 @@ def _stepped(rows: list[RequestResult], at: float, factor: float = 1.5) -> list[
 def _blocked(*variants: VariantResults) -> verdict.Verdict:
     run = _run(*variants)
     run.design, run.rounds = "interleaved", ROUNDS
-    (only,) = verdict.judge(run, "baseline", TARGET)
+    (only,), _ = _judged(run)
     return only
 
 
@@ -401,8 +407,8 @@ def test_an_interval_that_straddles_the_tolerance_is_undecided_not_no_change() -
     mp = policy_mod.load().metric("output_tps")
     straddling = judge.Comparison("pass", "ratio", 24, 24, Shift(1.16, 1.05, 1.23, 0.95), 0.01, 1.0, 1.16, True)
     inside = judge.Comparison("pass", "ratio", 24, 24, Shift(1.01, 0.95, 1.06, 0.95), 0.6, 1.0, 1.01, False, True)
-    assert verdict._finding(straddling, mp) == "undecided"
-    assert verdict._finding(inside, mp) == "no change"
+    assert judgements._finding(straddling, mp) == "undecided"
+    assert judgements._finding(inside, mp) == "no change"
 
 
 def test_tpot_comes_from_the_servers_clock_where_both_sides_timed_every_request() -> None:

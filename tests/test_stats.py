@@ -1,4 +1,4 @@
-"""Two-sample statistics against scipy and brute force on the same samples, and the canary judge on known truths."""
+"""Two-sample statistics against scipy and brute force on the same samples, and the canary's scoring on known truths."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from scipy import stats as sp  # type: ignore[import-untyped]
 
 from specwatch import resources
 from specwatch.canary import policy as policy_mod
-from specwatch.canary.judge import judge_task
 from specwatch.canary.samples import Side, parse_window
+from specwatch.canary.scoring import judge_task
 from specwatch.stats import compare, hodges_lehmann, mann_whitney, newcombe, wilson
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,8 +19,8 @@ from pathlib import Path
 from specwatch.canary import policy as policy_mod
 from specwatch.canary import report
 from specwatch.canary import serve as serve_mod
-from specwatch.canary.judge import CanaryVerdict, judge
 from specwatch.canary.samples import Data, from_event_log, from_prometheus, parse_window
+from specwatch.canary.scoring import CanaryVerdict, judge
 from specwatch.canary.watch import AdminError, push_verdict, watch
 from specwatch.config import Home
 from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV

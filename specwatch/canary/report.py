@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specwatch.canary.judge import CanaryVerdict, MetricResult
 from specwatch.canary.samples import METRICS
+from specwatch.canary.scoring import CanaryVerdict, MetricResult
 
 LABELS = {"pass": "PASS", "marginal": "MARGINAL", "fail": "FAIL", "insufficient": "INSUFFICIENT DATA"}
 

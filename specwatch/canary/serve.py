@@ -26,8 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from specwatch.canary.judge import CanaryVerdict
 from specwatch.canary.report import as_dict
+from specwatch.canary.scoring import CanaryVerdict
 
 STATUS = {"pass": 200, "fail": 412, "marginal": 425, "insufficient": 425}
 NO_VERDICT = 503

@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from specwatch.canary.judge import CanaryVerdict
+from specwatch.canary.scoring import CanaryVerdict
 
 
 class AdminError(RuntimeError):

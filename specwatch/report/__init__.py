@@ -1,8 +1,9 @@
 """`specwatch report results/<run-id>`: Markdown and a self-contained HTML page with PNG plots and a go / no-go.
 
 Modules: `results` (read the experiment's folder), `quality` (greedy identity, the code edit check),
-`verdict` (GO / NO-GO / INCONCLUSIVE: the article's rules, performance judged on per-request samples by
-`specwatch.judge` with the canary policy), `plots` (matplotlib PNGs), `render` (Markdown, HTML).
+`judgements` (performance judged on per-request samples by `specwatch.judge` with the canary policy, once per
+report: every candidate, task, concurrency and metric), `verdict` (GO / NO-GO / INCONCLUSIVE: the article's
+rules on those judgements), `plots` (matplotlib PNGs), `render` (Markdown, HTML).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specwatch.canary import policy as policy_mod
-from specwatch.report import plots, render, results, verdict
+from specwatch.report import judgements, plots, render, results, verdict
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,9 @@ def build(folder: Path, baseline: str | None = None, target_concurrency: int | N
                                    "name one with --baseline")
     concurrencies = sorted({c for v in run.variants for c in v.perf})
     target = target_concurrency or (concurrencies[-1] if concurrencies else 1)
-    verdicts = verdict.judge(run, baseline, target, capacity_loss_bound, policy)
+    judged = judgements.build(run, baseline, target, policy)
+    verdicts = verdict.judge(run, baseline, target, judged, capacity_loss_bound)
     out = folder / "report"
-    pngs = plots.all_plots(run, baseline, out, policy)
-    md, html = render.write(out, render.markdown(run, baseline, target, verdicts, pngs, policy))
+    pngs = plots.all_plots(run, baseline, out, judged)
+    md, html = render.write(out, render.markdown(run, baseline, target, verdicts, pngs, judged))
     return Report(md, html, verdicts)

@@ -18,9 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from specwatch.canary import policy as policy_mod  # noqa: E402
+from specwatch.report.judgements import TITLES, Judgements, band, concurrencies, perf_tasks  # noqa: E402
 from specwatch.report.results import PERF_METRICS, RunResults, VariantResults  # noqa: E402
-from specwatch.report.verdict import TITLES, perf_lines  # noqa: E402
 
 BASELINE_COLOUR = "#7f7f7f"
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
@@ -137,21 +136,12 @@ def coverage(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
     return _save(fig, out / "coverage.png")
 
 
-def _perf_tasks(run: RunResults) -> list[str]:
-    return sorted({t for v in run.variants for c in (*v.perf, *v.requests)
-                   for t in (*v.perf.get(c, {}), *v.requests.get(c, {}))})
-
-
-def _concurrencies(run: RunResults) -> list[int]:
-    return sorted({c for v in run.variants for c in (*v.perf, *v.requests)})
-
-
 UNITS = {"tpot": ("ms", 1000.0), "itl_p95": ("ms", 1000.0), "output_tps": ("tok/s", 1.0)}
 
 
 def performance_spread(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
     """Every measured request as a point (TPOT, its ITL p95, its output tok/s), the median as a bar, n below."""
-    tasks, concs = _perf_tasks(run), _concurrencies(run)
+    tasks, concs = perf_tasks(run), concurrencies(run)
     fig, axes = plt.subplots(len(tasks) or 1, len(PERF_METRICS), figsize=(14, 3.4 * max(len(tasks), 1)),
                              squeeze=False)
     width = 0.8 / max(len(run.variants), 1)
@@ -177,15 +167,16 @@ def performance_spread(run: RunResults, out: Path, colour: dict[str, str]) -> Pa
     return _save(fig, out / "performance_spread.png")
 
 
-def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict[str, str],
-                         policy: policy_mod.Policy | None = None) -> Path:
-    """The judge's effect (candidate / baseline, Hodges-Lehmann on logs) with its interval, per concurrency.
+def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict[str, str], judgements: Judgements
+                         ) -> Path:
+    """The judge's effect (candidate / baseline, Hodges-Lehmann on logs) with its interval, per concurrency, as the
+    report's judgements hold it.
 
     Filled markers with bars: enough samples for the judge; hollow markers: the ratio of medians
     of too few samples (no interval). The grey band is the policy's tolerance.
     """
-    policy = policy or policy_mod.load()
-    tasks, concs = _perf_tasks(run), _concurrencies(run)
+    policy = judgements.policy
+    tasks, concs = perf_tasks(run), concurrencies(run)
     candidates = run.candidates(baseline)
     fig, axes = plt.subplots(len(tasks) or 1, len(PERF_METRICS), figsize=(14, 3.2 * max(len(tasks), 1)),
                              squeeze=False)
@@ -193,13 +184,12 @@ def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict
     for row, task in enumerate(tasks):
         for col, metric in enumerate(PERF_METRICS):
             ax = axes[row][col]
-            band = None
+            tolerance = None
             for i, (v, base) in enumerate(candidates):
                 if base is None:
                     continue
                 for j, c in enumerate(concs):
-                    line = next(m for m in perf_lines(v, base, c, task, policy) if m.metric == metric)
-                    cmp = line.comparison
+                    cmp = judgements.lines[(v.name, task, c, metric)].comparison
                     if cmp is None:
                         continue
                     x = j + (i - (len(candidates) - 1) / 2) * width
@@ -211,9 +201,9 @@ def relative_performance(run: RunResults, baseline: str, out: Path, colour: dict
                         ax.scatter([x], [cmp.candidate / cmp.baseline], facecolors="none", edgecolors=colour[v.name],
                                    gid=v.name, label=v.name if j == 0 else None)
                 mp = next((m for m in policy.metrics if m.name == metric), None)
-                band = (1 - mp.allowed_decrease, 1 + mp.allowed_increase) if mp else None
-            if band:
-                ax.axhspan(*band, color="0.9", zorder=0)
+                tolerance = band(mp) if mp else None
+            if tolerance:
+                ax.axhspan(tolerance.low, tolerance.high, color="0.9", zorder=0)
             ax.axhline(1.0, color="grey", linewidth=0.8)
             ax.set_xticks(range(len(concs)), [f"c = {c}" for c in concs])
             ax.set_title(f"{task}: {TITLES[metric]} / baseline")
@@ -309,10 +299,11 @@ def dashboard_queries(run: RunResults, out: Path, colours: dict[str, str]) -> Pa
     return _save(fig, out / DASHBOARD_QUERIES_PNG)
 
 
-def all_plots(run: RunResults, baseline: str, out: Path, policy: policy_mod.Policy | None = None) -> list[Path]:
+def all_plots(run: RunResults, baseline: str, out: Path, judgements: Judgements) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     c = colours(run, baseline)
     made = [acceptance_bars(run, out, c), position_decay(run, out, c), length_histograms(run, out, c),
-            coverage(run, out, c), performance_spread(run, out, c), relative_performance(run, baseline, out, c, policy),
-            kv_capacity(run, out, c), drift_over_study(run, baseline, out, c), dashboard_queries(run, out, c)]
+            coverage(run, out, c), performance_spread(run, out, c),
+            relative_performance(run, baseline, out, c, judgements), kv_capacity(run, out, c),
+            drift_over_study(run, baseline, out, c), dashboard_queries(run, out, c)]
     return [p for p in made if p is not None]

@@ -8,20 +8,20 @@ import re
 from pathlib import Path
 
 from specwatch.acceptance import OF_REACHED, PER_DRAFT
-from specwatch.canary.policy import Policy
+from specwatch.report.judgements import TITLES, Judgements
 from specwatch.report.plots import DASHBOARD_QUERIES_PNG
 from specwatch.report.quality import NEAR_TIE_NATS, code_correct_share, identity
 from specwatch.report.results import RunResults
-from specwatch.report.verdict import TITLES, Verdict, perf_lines
+from specwatch.report.verdict import Verdict
 
 
 def _f(value: float | None, fmt: str = ".3f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
+def _judged(run: RunResults, baseline: str, judgements: Judgements) -> list[str]:
     """Every candidate, task, concurrency and metric: the judge's effect, interval, n, p and finding."""
-    rules = policy.rules
+    rules = judgements.policy.rules
     lines = ["", "## Performance against the baseline (the judge)", "",
              f"Candidate / baseline per request sample: Mann-Whitney U (p) and the Hodges-Lehmann ratio with its "
              f"{rules.confidence:.0%} interval, judged only with at least {rules.min_samples} requests per side "
@@ -38,7 +38,7 @@ def _judged(run: RunResults, baseline: str, policy: Policy) -> list[str]:
             continue
         for c in sorted(set(v.requests) | set(v.perf)):
             for task in sorted(set(v.requests.get(c, {})) | set(v.perf.get(c, {}))):
-                for m in perf_lines(v, base, c, task, policy):
+                for m in judgements.perf(v.name, task, c):
                     cmp = m.comparison
                     assert cmp is not None
                     e = cmp.effect
@@ -97,7 +97,9 @@ def _own_baselines(run: RunResults, baseline: str) -> str:
 
 
 def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict], plots: list[Path],
-             policy: Policy) -> str:
+             judgements: Judgements) -> str:
+    """The report's Markdown: `judgements` (the report's judgements) gives the judge's table and the policy it names."""
+    policy = judgements.policy
     lines = [f"# specwatch study {run.run_id}", "",
              f"Baseline: `{baseline}`{_own_baselines(run, baseline)}; target concurrency: {target}. "
              "Acceptance comes from the acceptance pass's "
@@ -144,7 +146,7 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
                              f"{_f((s.get('itl_ms') or {}).get('p95'), '.2f')} | "
                              f"{_f((s.get('itl_ms') or {}).get('p99'), '.2f')} | "
                              f"{_f(s.get('output_tokens_per_second'), '.1f')} | {s.get('failures', '-')} |")
-    lines += _judged(run, baseline, policy)
+    lines += _judged(run, baseline, judgements)
     judged_against = {v.name: base for v, base in run.candidates(baseline)}
     lines += ["", "## Quality (greedy outputs of the acceptance pass)", "",
               f"A text that differs is a near-tie when, at its first differing token, the two runs' preferences "

@@ -2,7 +2,8 @@
 
 Performance at the target concurrency, per task: TPOT, the ITL p95 of each request and each
 request's output tokens per second, candidate against baseline, judged by `specwatch.judge` (the
-canary's judge) with the canary policy's tolerances, level and minimum samples (by default
+canary's judge) once per report (`specwatch.report.judgements`, the table the verdicts read) with the canary
+policy's tolerances, level and minimum samples (by default
 `specwatch/data/canary-policy.yaml`: TPOT and output tokens/s +-10 %, ITL p95 +-20 %, 20 requests
 per side). Each metric gets a line with the effect, its interval and the samples it rests on,
 "TPOT -19 % [-31 %, -6 %], n = 24 / 24", and what the judge found: better, worse, no change beyond
@@ -39,12 +40,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from specwatch import judge as judge_mod
 from specwatch.canary import policy as policy_mod
-from specwatch.judge import Band, Comparison
 from specwatch.report.drift import Drift, drift
+from specwatch.report.judgements import (
+    TITLES,
+    Judgements,
+    MetricLine,
+    band,
+    metric_policy,
+    pct,
+    server_clock,
+    variant_tasks,
+)
 from specwatch.report.quality import NEAR_TIE_NATS, identity
-from specwatch.report.results import PERF_METRICS, RunResults, VariantResults
+from specwatch.report.results import RunResults, VariantResults
 from specwatch.stats import Shift, ratio_of_sums
 
 HIGH_ACCEPTANCE = 0.6
@@ -52,8 +61,6 @@ DEFAULT_CAPACITY_LOSS = 0.25
 
 Outcome = Literal["go", "no-go", "inconclusive"]
 LABELS: dict[Outcome, str] = {"go": "GO", "no-go": "NO-GO", "inconclusive": "INCONCLUSIVE"}
-TITLES = {"tpot": "TPOT", "itl_p95": "ITL p95", "output_tps": "output tok/s", "acceptance_rate": "acceptance"}
-Finding = Literal["better", "worse", "no change", "undecided", "insufficient data"]
 MIN_ACCEPTANCE_REQUESTS = 8  # the acceptance rate's interval is over requests: fewer give a figure, no interval
 # The article's rule decides on TPOT and output tokens/s. The ITL tail is judged and shown; against a
 # baseline that does not speculate a worse one is a caution, not a NO-GO (a chunk's gap is a whole step,
@@ -67,17 +74,6 @@ def deciding(policy: policy_mod.Policy, baseline_speculates: bool) -> tuple[tupl
     """The metrics whose worse change is a NO-GO for this comparison, and the comparison's kind."""
     kind = policy.kind(baseline_speculates)
     return DECIDING + tuple(m for m in ("itl_p95",) if not policy.is_caution(m, kind)), kind
-
-
-@dataclass(frozen=True)
-class MetricLine:
-    """One metric of one task: what the judge found, and the line that says it."""
-
-    metric: str
-    concurrency: int | None  # None: the acceptance pass
-    finding: Finding | None  # None: the candidate's own figure (acceptance), not a comparison
-    comparison: Comparison | None
-    text: str
 
 
 @dataclass(frozen=True)
@@ -97,82 +93,6 @@ class Verdict:
         return LABELS[self.outcome]
 
 
-def _pct(ratio: float) -> str:
-    return f"{(ratio - 1) * 100:+.0f} %"
-
-
-def _interval(cmp: Comparison, e: Shift) -> str:
-    if cmp.scale == "ratio":
-        return f"[{_pct(e.low)}, {_pct(e.high)}]"
-    return f"[{e.low:+.3f}, {e.high:+.3f}]"
-
-
-def line_text(title: str, cmp: Comparison, finding: Finding, rules: judge_mod.Rules) -> str:
-    """"TPOT -19 % [-31 %, -6 %], n = 24 / 24: better" (ratio metrics; differences in points); a blocked
-    comparison adds its interval over rounds: "TPOT -19 % [-31 %, -6 %] over requests, [-35 %, -2 %] over 4
-    rounds, n = 24 / 24: better"."""
-    n = f"n = {cmp.n_baseline} / {cmp.n_candidate}"
-    if cmp.effect is not None:
-        e = cmp.effect
-        estimate = _pct(e.estimate) if cmp.scale == "ratio" else f"{e.estimate:+.3f}"
-        effect = f"{estimate} {_interval(cmp, e)}"
-        if cmp.over_rounds is not None:
-            effect += f" over requests, {_interval(cmp, cmp.over_rounds)} over {cmp.rounds} rounds"
-        return f"{title} {effect}, {n}: {finding}"
-    need = f"the judge needs {rules.min_samples} per side"
-    if cmp.baseline and cmp.candidate is not None:
-        return f"{title} {_pct(cmp.candidate / cmp.baseline)} (medians, no interval), {n}: {finding} ({need})"
-    return f"{title}: no samples, {n}: {finding} ({need})"
-
-
-def _finding(cmp: Comparison, mp: policy_mod.MetricPolicy) -> Finding:
-    """better / worse beyond the band; "no change" only when every interval lies inside it; else undecided."""
-    if cmp.state == "insufficient":
-        return "insufficient data"
-    if mp.fails(cmp.state):
-        return "worse"
-    if cmp.state != "pass":
-        return "better"
-    return "no change" if cmp.within else "undecided"
-
-
-def band(mp: policy_mod.MetricPolicy) -> Band:
-    return Band.around("ratio", mp.allowed_decrease, mp.allowed_increase)
-
-
-def server_clock(v: VariantResults, base: VariantResults, concurrency: int, task: str) -> bool:
-    """TPOT from the servers' own clocks where both sides timed every request (a sweep's servers do): a busy
-    client's reading of 64 streams on 2 cores is bunched."""
-    return v.server_clock(concurrency, task) and base.server_clock(concurrency, task)
-
-
-def perf_lines(v: VariantResults, base: VariantResults, concurrency: int, task: str,
-               policy: policy_mod.Policy) -> list[MetricLine]:
-    """TPOT, ITL p95 and output tok/s of one task at one concurrency, candidate `v` against `base`, compared
-    within rounds where the study ran in rounds (`specwatch.judge.blocked`)."""
-    out = []
-    clock = server_clock(v, base, concurrency, task)
-    for name in PERF_METRICS:
-        mp = _metric_policy(policy, name)
-        cmp = judge_mod.blocked(base.samples_by_round(concurrency, task, name, clock),
-                                v.samples_by_round(concurrency, task, name, clock), "ratio", band(mp), policy.rules)
-        finding = _finding(cmp, mp)
-        title = f"{TITLES[name]} (server clock)" if clock and name == "tpot" else TITLES[name]
-        text = line_text(title, cmp, finding, policy.rules)
-        tolerance = f"-{mp.allowed_decrease:.0%} .. +{mp.allowed_increase:.0%}"
-        if finding == "no change":
-            text += f" (within {tolerance})"
-        elif finding == "undecided":
-            text += f" (the interval reaches beyond {tolerance})"
-        out.append(MetricLine(name, concurrency, finding, cmp, text))
-    return out
-
-
-def _metric_policy(policy: policy_mod.Policy, name: str) -> policy_mod.MetricPolicy:
-    found = [m for m in policy.metrics if m.name == name]
-    return found[0] if found else policy_mod.load().metric(name)  # a policy without it: the default's
-
-
 def _acceptance(v: VariantResults, task: str) -> MetricLine | None:
     """The acceptance pass's C / D with its interval over requests (Student's t), from 8 requests on."""
     pairs = v.spec_requests.get(task, [])
@@ -185,17 +105,12 @@ def _acceptance(v: VariantResults, task: str) -> MetricLine | None:
                       f"acceptance {e.estimate:.0%}{interval}, n = {len(pairs)} requests (acceptance pass, C / D)")
 
 
-def judge(run: RunResults, baseline_name: str, target_concurrency: int,
-          capacity_loss_bound: float = DEFAULT_CAPACITY_LOSS, policy: policy_mod.Policy | None = None
-          ) -> list[Verdict]:
-    policy = policy or policy_mod.load()
-    out: list[Verdict] = []
-    for v, baseline in run.candidates(baseline_name):
-        tasks = sorted(set(v.acceptance) | {t for per in v.perf.values() for t in per}
-                       | {t for per in v.requests.values() for t in per}) or ["all"]
-        for task in tasks:
-            out.append(_judge_one(v, baseline, task, target_concurrency, capacity_loss_bound, policy, run.design))
-    return out
+def judge(run: RunResults, baseline_name: str, target_concurrency: int, judgements: Judgements,
+          capacity_loss_bound: float = DEFAULT_CAPACITY_LOSS) -> list[Verdict]:
+    """A verdict per candidate and task, from the report's judgements (`specwatch.report.judgements.build` with the
+    same baseline and target) and their policy."""
+    return [_judge_one(v, baseline, task, target_concurrency, capacity_loss_bound, judgements, run.design)
+            for v, baseline in run.candidates(baseline_name) for task in variant_tasks(v)]
 
 
 def _gain(lines: Sequence[MetricLine]) -> bool:
@@ -213,7 +128,7 @@ class Drifts:
 
 
 def drifts(v: VariantResults, baseline: VariantResults, task: str, target: int, policy: policy_mod.Policy) -> Drifts:
-    tpot = band(_metric_policy(policy, "tpot"))
+    tpot = band(metric_policy(policy, "tpot"))
     clock = server_clock(v, baseline, target, task)
     base = drift(baseline, target, "tpot", tpot, clock)
     pair = (base.first, base.second) if base is not None and base.first.startswith("round") else None
@@ -253,20 +168,20 @@ def _drift_reason(design: str, d: Drifts, perf: Sequence[MetricLine], decided: b
         return DriftNote("drift not measured (too few baseline requests per round)")
     along = d.cand_alongside
     if base.beyond and (along is None or _unlike(base.ratio, along.ratio, tolerance)):
-        alongside = f", {along.variant} {_pct(along.ratio.estimate)} between the same rounds" if along else ""
+        alongside = f", {along.variant} {pct(along.ratio.estimate)} between the same rounds" if along else ""
         return DriftNote(f"the machine drifted: {base.text(title)}{alongside}: the blocks of those rounds saw "
                          "different conditions", voids=True, first=True)
     if not decided:
         moved = [x.text(title) for x in (base, d.cand) if x is not None and x.beyond]
-        moved += [f"the rounds disagree on {TITLES[m.metric]} ({_pct(min(m.comparison.per_round))} .. "
-                  f"{_pct(max(m.comparison.per_round))} by round)" for m in perf
+        moved += [f"the rounds disagree on {TITLES[m.metric]} ({pct(min(m.comparison.per_round))} .. "
+                  f"{pct(max(m.comparison.per_round))} by round)" for m in perf
                   if m.metric in DECIDING and m.comparison is not None and m.comparison.rounds_disagree]
         if moved:
             named = "" if base.beyond else f" (baseline {base.text(title).partition(' ')[2]}, within the tolerance)"
             return DriftNote(f"the machine drifted: {'; '.join(moved)}: no decision{named}", first=True)
     if base.beyond:
         assert along is not None
-        return DriftNote(f"drift: {base.text(title)} and {along.variant} {_pct(along.ratio.estimate)} alike, beyond "
+        return DriftNote(f"drift: {base.text(title)} and {along.variant} {pct(along.ratio.estimate)} alike, beyond "
                          "the tolerance; compared within rounds, the blocking cancels it")
     return DriftNote(f"drift: {base.text(title)} over {base.parts} rounds, within the tolerance")
 
@@ -279,20 +194,21 @@ def _unlike(base: Shift, cand: Shift, tolerance: float) -> bool:
 
 
 def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, target: int, bound: float,
-               policy: policy_mod.Policy, design: str = "sequential") -> Verdict:
+               judgements: Judgements, design: str = "sequential") -> Verdict:
     if v.state != "done":
         return Verdict(v.name, task, "no-go", f"the run did not finish ({v.state}: {v.error or 'no status'})")
     if baseline is None or baseline.state != "done":
         return Verdict(v.name, task, "inconclusive", "no finished baseline to compare with")
     reasons: list[str] = []
     no_go = False
-    perf = perf_lines(v, baseline, target, task, policy)
+    policy = judgements.policy
+    perf = judgements.perf(v.name, task, target)
     reasons.append(f"at concurrency {target}: " + "; ".join(m.text for m in perf))
     gates, kind = deciding(policy, baseline.speculative)
     worse = [TITLES[m.metric] for m in perf if m.finding == "worse" and m.metric in gates]
     decided = bool(worse) or _gain(perf)
     note = _drift_reason(design, drifts(v, baseline, task, target, policy), perf, decided,
-                         _metric_policy(policy, "tpot").allowed_increase)
+                         metric_policy(policy, "tpot").allowed_increase)
     void = note.voids
     if void:
         worse = []
@@ -312,7 +228,7 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
         reasons.append(accept.text)
     if not gain:
         lower = [c for c in sorted(set(v.requests) | set(v.perf)) if c < target
-                 and _gain(perf_lines(v, baseline, c, task, policy))]
+                 and _gain(judgements.perf(v.name, task, c))]
         if lower:
             reasons.append(f"gains only at concurrency {', '.join(map(str, lower))}, below the target")
         rate = v.acceptance[task].acceptance_rate if task in v.acceptance else None

@@ -1,4 +1,4 @@
-"""The canary judge: each metric pass / high / low, a weighted score, and a verdict per task in words.
+"""The canary's scoring: each metric pass / high / low, a weighted score, and a verdict per task in words.
 
 After Kayenta's judge, stricter on evidence:
 
@@ -31,7 +31,7 @@ from typing import Literal
 from specwatch import judge as judge_mod
 from specwatch.canary.policy import SPECULATION_VS_NONE, MetricPolicy, Policy
 from specwatch.canary.samples import METRICS, Data, Side
-from specwatch.judge import State
+from specwatch.judge import Scale, State
 from specwatch.stats import Shift
 
 Verdict = Literal["pass", "marginal", "fail", "insufficient"]
@@ -84,13 +84,6 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:.4g}{' ' + unit if unit else ''}"
 
 
-def _bounds(mp: MetricPolicy, scale: str) -> tuple[float, float]:
-    """The tolerance band on the effect's scale: (lowest, highest) effect that is no meaningful change."""
-    if scale == "ratio":
-        return 1 - mp.allowed_decrease, 1 + mp.allowed_increase
-    return -mp.allowed_decrease, mp.allowed_increase
-
-
 def _describe_effect(scale: str, effect: Shift) -> str:
     ci = f"{effect.confidence:.0%} CI"
     if scale == "ratio":
@@ -123,16 +116,16 @@ def judge_metric(mp: MetricPolicy, policy: Policy, base: Side, cand: Side) -> Me
         return MetricResult(mp.name, state, failed, mp.critical, mp.weight, "share (Prometheus)", 0, n, None, value,
                             reason=f"{title}: {value:.2%} of {n} greedy requests, the floor is {mp.at_least:.2%}"
                                    f"{' — fail' if failed else ''}")
-    lo, hi = _bounds(mp, spec.scale)
+    scale: Scale = "ratio" if spec.scale == "ratio" else "difference"
+    band = judge_mod.Band.around(scale, mp.allowed_decrease, mp.allowed_increase)  # no meaningful change
     if spec.per_request and (base.requests or cand.requests):
         method = "Newcombe interval, z-test" if spec.scale == "proportion" else (
             "Mann-Whitney U, Hodges-Lehmann on logs" if spec.scale == "ratio" else "Mann-Whitney U, Hodges-Lehmann")
-        band = judge_mod.Band(lo, hi)
         if spec.scale == "proportion":
             cmp = judge_mod.proportions(base.errors, base.requests, cand.errors, cand.requests, band, policy.rules)
         else:
             cmp = judge_mod.samples(base.samples.get(mp.name, []), cand.samples.get(mp.name, []),
-                                    "ratio" if spec.scale == "ratio" else "difference", band, policy.rules)
+                                    scale, band, policy.rules)
         nb, nc = cmp.n_baseline, cmp.n_candidate
         if cmp.state == "insufficient" or cmp.effect is None or cmp.p_value is None:
             why = (f"the baseline has no samples (does it {'speculate' if mp.name == 'acceptance_rate' else 'serve'}?)"
@@ -161,7 +154,7 @@ def judge_metric(mp: MetricPolicy, policy: Policy, base: Side, cand: Side) -> Me
     else:
         point = cf - bf
         text = f"{point:+.4f} vs the baseline ({cf:.4f} vs {bf:.4f})"
-    state = "high" if point > hi else "low" if point < lo else "pass"
+    state = "high" if point > band.high else "low" if point < band.low else "pass"
     failed = mp.fails(state)
     reason = (f"{title}: candidate {text}, n = {nb} / {nc}; tolerance {_tolerance(mp, spec.scale)}: "
               f"{'outside' if state != 'pass' else 'within'} (point estimate, no test)"
