@@ -18,8 +18,8 @@ from types import FrameType
 
 from rich.console import Console
 
-from specwatch.cli import EXIT_CHECK, EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_CHECK, EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.experiment.plan import PlanError, load_plan
 from specwatch.experiment.runner import RunConflict, RunOptions, run_plan
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specwatch.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.exporter.labels import NAME_PATTERN
 from specwatch.tune import fit, live, proof, tuner
 from specwatch.tune.sweep import SweepError, load
