@@ -5,5 +5,6 @@ position-wise acceptance), `fit` (expected tokens per step per k from the accept
 per (batch size, k), the recommendation and its bootstrap intervals), `live` (the acceptance from
 a Prometheus window of live traffic instead), `render` (the report and the plot), `tuner` (the
 files `specwatch tune` writes), `proof` (the recommended dynamic config against every fixed k),
-`cost_rules` (the cost table as a Prometheus rules file), `cli` (the verb).
+`cli` (the verb). The cost table's rules file is written by `specwatch.promconfig.cost_rules`, beside the
+other rule writers.
 """

@@ -3,7 +3,7 @@
     tune/
       speculative-config.json   the exact `--speculative-config` value (null: no speculation recommended)
       recommendation.json       ranges, the model (acceptance per task, mix, cost table), gains with intervals
-      cost-rules.yml            the step-cost table as a Prometheus rules file (specwatch.tune.cost_rules)
+      cost-rules.yml            the step-cost table as a Prometheus rules file (specwatch.promconfig.cost_rules)
       tune.md                   the report in plain words
       tune.png                  k against batch size; the expected gain per k against batch size
 """
@@ -19,8 +19,8 @@ from typing import Any
 from rich.console import Console
 
 from specwatch.experiment.layout import write_json, write_text
+from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 from specwatch.tune import fit, render
-from specwatch.tune.cost_rules import StepCost, write_cost_rules
 from specwatch.tune.sweep import Sweep, load
 
 
