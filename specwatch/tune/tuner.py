@@ -12,28 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
 from specwatch.experiment.layout import write_json, write_text
 from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 from specwatch.tune import fit, render
+from specwatch.tune.fit import Recommendation
 from specwatch.tune.sweep import Sweep, load
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    ranges: fit.Ranges
-    speculative_config: dict[str, Any] | None
-    model: fit.Model
-    choices: list[fit.Choice]
-    gains: dict[tuple[int, int], fit.Interval]  # (batch, k) at the measured concurrencies
-    max_tpot_ms: float | None
-    acceptance_source: str
-    warnings: tuple[str, ...] = ()
 
 
 def data_parallel_warning(data_parallel_size: int) -> tuple[str, ...]:
