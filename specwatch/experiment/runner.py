@@ -12,7 +12,6 @@ never redone or touched; anything else is set aside under `interrupted/` and red
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import traceback
@@ -46,6 +45,7 @@ from specwatch.experiment.layout import (
 )
 from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, batch_size, sweep_variant_name
 from specwatch.experiment.timeline import PrometheusError, Timeline, Window
+from specwatch.load.results import RequestResult
 from specwatch.net import free_port
 from specwatch.stats import median
 from specwatch.vllm_cpu.server import serve_argv
@@ -526,10 +526,11 @@ class Runner:
             failures = sum(t["failures"] for t in summary["tasks"].values())
             perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"], "rounds": rounds}
             if self.plan.sweep is not None:
-                self.console.print(cell_line(v, c, summary, folder.perf(c) / "requests.jsonl"))
+                self.console.print(cell_line(v, c, summary, folder.requests(c)))
         if s.server is not None:
             self._snapshot_after(s)
-        reconciliation = passes.reconcile(snapshot.combine(s.differences), folder, v.speculative_config is not None)
+        reconciliation = passes.check_counters(snapshot.combine(s.differences), folder,
+                                               v.speculative_config is not None)
         reconciliation["lifetimes"] = len(s.differences)
         write_json(folder.reconciliation, reconciliation)
         perf_ok = all(p["failures"] == 0 and p["locust_exit_code"] == 0 for p in perf.values())
@@ -572,7 +573,7 @@ class Runner:
         return self.help[key]
 
 
-def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], requests_file: Path) -> str:
+def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], rows: Sequence[RequestResult]) -> str:
     """A sweep cell's progress line: the variant, its k, the concurrency, requests and TPOT p50 per task.
 
     The TPOT is the server's (`mean_itl_ms`) where it reported one: a busy client's own is bunched."""
@@ -580,11 +581,10 @@ def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], requests
     table = (v.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
     what = f"k per batch size {table}" if table else f"k={k}"
     server: dict[str, list[float]] = {}
-    for line in requests_file.read_text().splitlines() if requests_file.exists() else []:
-        r = json.loads(line) if line.strip() else {}
-        itl = (r.get("server") or {}).get("mean_itl_ms")
-        if r.get("ok") and not r.get("warmup") and isinstance(itl, int | float):
-            server.setdefault(r["task"], []).append(float(itl))
+    for r in rows:
+        itl = (r.server or {}).get("mean_itl_ms")
+        if r.ok and not r.warmup and isinstance(itl, int | float):
+            server.setdefault(r.task, []).append(float(itl))
     parts = []
     for task, s in summary["tasks"].items():
         tpot = f"{median(server[task]):.2f} ms (server)" if server.get(task) else f"{s['tpot_ms']['p50']} ms"
