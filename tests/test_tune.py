@@ -1,5 +1,5 @@
 """`specwatch tune`: the fit and the recommendation on planted data, the simulator's timing and table, a sweep end to
-end on the simulator (experiment, tune, proof) and a short one on the real vLLM CPU build."""
+end on the simulator (experiment, then tune, which measures the proof) and a short one on the real vLLM CPU build."""
 
 from __future__ import annotations
 
@@ -235,7 +235,9 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     plan.write_text(SWEEP)
     out = tmp_path / "results"
     assert cli.main(["experiment", str(plan), "--out", str(out), "--run-id", "t", "--no-prometheus"]) == cli.EXIT_OK
+    assert not (out / "t" / "variants" / "dynamic").exists()  # the experiment runs plans; tune drives the proof
     assert cli.main(["tune", str(out / "t"), "--out", str(out / "t" / "tune")]) == cli.EXIT_OK
+    assert json.loads((out / "t" / "run.json").read_text())["variants"] == ["k0", "k4", "k12", "dynamic"]
     got = _check_tune_outputs(out / "t")
     rec = got["rec"]
     assert isinstance(rec, dict)

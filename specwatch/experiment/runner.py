@@ -13,6 +13,7 @@ never redone or touched; anything else is set aside under `interrupted/` and red
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import requests
@@ -31,6 +33,7 @@ from specwatch import __version__, snapshot
 from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_backend, wait_http_health
 from specwatch.backends.base import HOST, Server
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_CHECK, EXIT_ERROR, EXIT_OK
 from specwatch.experiment import blocks, environment, passes
 from specwatch.experiment.blocks import bracket, rotation
 from specwatch.experiment.layout import (
@@ -79,6 +82,11 @@ class RunResult:
     @property
     def checks_failed(self) -> list[str]:
         return [n for n, s in self.statuses.items() if s.get("state") == DONE and not s.get("ok")]
+
+    @property
+    def exit_code(self) -> int:
+        """EXIT_ERROR where a variant failed, else EXIT_CHECK where one failed its checks, else EXIT_OK."""
+        return EXIT_ERROR if self.failed else EXIT_CHECK if self.checks_failed else EXIT_OK
 
 
 BACKEND_OPTIONS = ("--host", "--port")  # the backend adds its own (backends/base.py)
@@ -177,7 +185,9 @@ class Runner:
         if record.get("inputs_sha256", self.inputs) != self.inputs:
             raise RunConflict(f"--resume: the task files changed since the run started ({self.run.run}); "
                               "start a new run")
-        record.update({"inputs_sha256": self.inputs, "variants": [v.name for v in self.plan.variants]})
+        earlier = [str(name) for name in record.get("variants", [])]  # a later run into the folder adds its own
+        record.update({"inputs_sha256": self.inputs,
+                       "variants": earlier + [v.name for v in self.plan.variants if v.name not in earlier]})
         record["attempts"].append({"started": _now(), "resume": self.options.resume})
         write_json(self.run.run, record)
         self._sweep_record()
@@ -224,8 +234,6 @@ class Runner:
         self.timeline = self._start_timeline() if unfinished else None
         try:
             result = self._variants(self.plan.variants)
-            if self.plan.sweep is not None and self.plan.sweep.proof and not result.failed:
-                result = self._proof(result)
             self._save_timeline(result.statuses)
             return result
         finally:
@@ -261,34 +269,6 @@ class Runner:
             self.timeline.save(windows, backends)
         except (PrometheusError, requests.RequestException, OSError) as exc:  # the results stand without curves
             self.console.print(f"the dashboard queries over the run could not be saved: {exc}")
-
-    def _proof(self, result: RunResult) -> RunResult:
-        """After a sweep: tune, measure the recommended dynamic config as one more variant, write the proof."""
-        from specwatch.tune import proof, tuner  # the tune package reads the experiment's layout
-
-        recommendation = tuner.tune_run(self.run.root, self.run.tune, max_tpot_ms=self.plan.sweep.max_tpot_ms
-                                        if self.plan.sweep else None, console=self.console)
-        config = recommendation.speculative_config
-        if config is None:
-            self.console.print("tune recommends no speculation at any batch size: nothing dynamic to prove")
-            return result
-        first = self.plan.variants[0]
-        dynamic = Variant(DYNAMIC, self.plan.model, config, first.backend, first.args, sweep_variant_name(0))
-        folder = self.run.variant(DYNAMIC)
-        status = folder.read_status() or {}
-        if folder.finished() and status.get("speculative_config") != config:
-            raise RunConflict(f"--resume: {folder.root} measured another config than the one tune recommends now; "
-                              "start a new run")
-        record = read_json_object(self.run.run) or {}
-        if DYNAMIC not in record.get("variants", []):
-            record["variants"] = [*record.get("variants", []), DYNAMIC]
-            write_json(self.run.run, record)
-        more = self._variants([dynamic])
-        statuses = {**result.statuses, **more.statuses}
-        if not more.failed:
-            table = proof.write_proof(self.run.root, self.run.tune)
-            self.console.print(table)
-        return RunResult(self.run.root, statuses)
 
     def _variants(self, variants: Sequence[Variant]) -> RunResult:
         statuses: dict[str, dict[str, Any]] = {}
@@ -598,3 +578,13 @@ def _now() -> str:
 
 def run_plan(plan: StudyPlan, options: RunOptions, console: Console | None = None) -> RunResult:
     return Runner(plan, options, console or Console()).execute()
+
+
+def stop_on_sigterm() -> None:
+    """From here on SIGTERM stops a run like Ctrl+C: the running servers are stopped first (for the verbs that
+    run plans, in their main thread)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
