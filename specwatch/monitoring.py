@@ -99,7 +99,7 @@ class ExporterFamilies:
 
 @dataclass(frozen=True)
 class CostTable:
-    """The record names of a step-cost table (`specwatch.tune.cost_rules` writes them, the best-k rules read them).
+    """The record names of a step-cost table (`promconfig.cost_rules` writes them, the best-k rules read them).
 
     A cost table is a static rule file of constants: the median step time per variant, batch size and draft
     length k, and per variant and batch size the range of running batch sizes it stands for (lower exclusive,

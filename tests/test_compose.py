@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from specwatch import __version__, resources
+from specwatch import vllm_pins as pins
 from specwatch.compose.images import LOCAL_BASE
 from specwatch.config import Home
 from specwatch.exporter import config as exporter_config
@@ -31,7 +32,6 @@ from specwatch.exporter.main import parser as exporter_parser
 from specwatch.models import build as models
 from specwatch.monitoring import MONITORING
 from specwatch.simulator.args import parse_sim_args
-from specwatch.vllm_cpu import pins
 from specwatch.vllm_cpu.server import COMMON_FLAGS, ENTRY, NGRAM_CONFIG, serve_argv, server_environment
 
 ROOT = Path(__file__).resolve().parents[1]

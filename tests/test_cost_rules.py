@@ -16,7 +16,7 @@ import yaml
 from specwatch import resources
 from specwatch.monitoring import MONITORING
 from specwatch.promconfig import rules
-from specwatch.tune.cost_rules import StepCost, batch_ranges, render_cost_rules, write_cost_rules
+from specwatch.promconfig.cost_rules import StepCost, batch_ranges, render_cost_rules, write_cost_rules
 
 C = MONITORING.cost_table
 SLOW = MONITORING.slow.duration

@@ -25,8 +25,8 @@ from specwatch.grafana import canary, dashboards
 from specwatch.grafana.board import DATASOURCE_UID
 from specwatch.grafana.key_queries import substitute
 from specwatch.monitoring import MONITORING
+from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 from specwatch.promconfig.server import PrometheusServer, Targets
-from specwatch.tune.cost_rules import StepCost, write_cost_rules
 from specwatch.vllm_metrics import samples
 from specwatch.workloads import write_article_workloads
 from tests.conftest import DETAILED_SIM_ARGS, Service

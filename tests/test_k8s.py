@@ -133,7 +133,7 @@ def test_the_validators_reject_broken_objects(everything: list[Doc]) -> None:
 
 
 def test_a_cost_table_wraps_into_a_valid_prometheusrule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from specwatch.tune.cost_rules import StepCost, write_cost_rules
+    from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 
     table = tmp_path / "specwatch-cost.yml"
     write_cost_rules([StepCost("candidate", 1, 0, 0.01), StepCost("candidate", 8, 3, 0.02)], table)

@@ -16,8 +16,8 @@ from specwatch import resources
 from specwatch.generated import EXIT_STALE
 from specwatch.monitoring import MONITORING, AlertSetting
 from specwatch.promconfig import alerts, rule_tests, rules
+from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 from specwatch.promconfig.server import EXPORTER_JOB, VLLM_JOB, Targets, write_layout
-from specwatch.tune.cost_rules import StepCost, write_cost_rules
 
 REPO = Path(__file__).parents[1]
 PROM = resources.PROMETHEUS

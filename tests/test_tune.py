@@ -1,11 +1,12 @@
 """`specwatch tune`: the fit and the recommendation on planted data, the simulator's timing and table, a sweep end to
-end on the simulator (experiment, tune, proof) and a short one on the real vLLM CPU build."""
+end on the simulator (experiment, then tune, which measures the proof) and a short one on the real vLLM CPU build."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from specwatch import cli
 from specwatch.config import Home
 from specwatch.experiment import PlanError, parse_plan
 from specwatch.experiment.runner import variant_args
+from specwatch.load.results import RequestResult
 from specwatch.models.build import ModelFolders
 from specwatch.simulator import timing
 from specwatch.simulator.args import parse_sim_args
@@ -97,16 +99,16 @@ def test_acceptance_fit_is_per_decode_step_and_pools_every_k_that_reached_the_po
 def test_a_request_gives_its_decode_steps_and_step_time() -> None:
     spec = {"num_accepted_draft_tokens": 32, "num_draft_tokens": 60, "num_spec_steps": 30,
             "acceptance_histogram": [10, 8, 12]}
-    line: dict[str, object] = {"task": "code", "ok": True, "warmup": False, "tpot_s": 0.002,
-                               "completion_tokens": 65, "spec": spec}
+    line = RequestResult("code", ok=True, warmup=False, start=0.0, end=1.0, tpot_s=0.002, completion_tokens=65,
+                         spec=spec)
     s = sample(line)
     assert s is not None and s.decode_steps == 64 - 32 and s.survival == (20, 12)
     assert s.step_s == pytest.approx(0.002 * 64 / 32)
     # every decode step drafted: 40 steps (the histogram's sum, as vLLM counts them) for the same 32 accepted
-    async_like = {**line, "spec": {**spec, "num_spec_steps": 40, "acceptance_histogram": [19, 10, 11]}}
+    async_like = replace(line, spec={**spec, "num_spec_steps": 40, "acceptance_histogram": [19, 10, 11]})
     assert (s2 := sample(async_like)) is not None and s2.decode_steps == 40
-    assert sample({**line, "warmup": True}) is None and sample({**line, "ok": False}) is None
-    baseline = sample({**line, "spec": None})
+    assert sample(replace(line, warmup=True)) is None and sample(replace(line, ok=False)) is None
+    baseline = sample(replace(line, spec=None))
     assert baseline is not None and baseline.decode_steps == 64 and baseline.step_s == pytest.approx(0.002)
 
 
@@ -234,7 +236,9 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     plan.write_text(SWEEP)
     out = tmp_path / "results"
     assert cli.main(["experiment", str(plan), "--out", str(out), "--run-id", "t", "--no-prometheus"]) == cli.EXIT_OK
+    assert not (out / "t" / "variants" / "dynamic").exists()  # the experiment runs plans; tune drives the proof
     assert cli.main(["tune", str(out / "t"), "--out", str(out / "t" / "tune")]) == cli.EXIT_OK
+    assert json.loads((out / "t" / "run.json").read_text())["variants"] == ["k0", "k4", "k12", "dynamic"]
     got = _check_tune_outputs(out / "t")
     rec = got["rec"]
     assert isinstance(rec, dict)

@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
+from specwatch import vllm_pins as pins
 from specwatch.config import Home
-from specwatch.vllm_cpu import pins
 from specwatch.vllm_cpu.setup import SetupError, install_plan, is_installed, setup
 
 

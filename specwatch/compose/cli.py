@@ -10,10 +10,10 @@ import os
 import sys
 from pathlib import Path
 
-from specwatch.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.compose import images
 from specwatch.compose.docker_cli import DockerError
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.vllm_cpu.setup import is_installed
 
 

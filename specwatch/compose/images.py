@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specwatch import vllm_pins as pins
 from specwatch.compose.docker_cli import DockerError, compose_command, docker_binary, run
-from specwatch.vllm_cpu import pins
 
 LOCAL_BASE = "specwatch/base:bookworm-python3.11"
 # What the Dockerfiles need of a base: Python 3.11 with venv (and headers for the vLLM build), CA certificates.

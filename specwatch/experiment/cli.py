@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 from rich.console import Console
 
-from specwatch.cli import EXIT_CHECK, EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_USAGE
 from specwatch.experiment.plan import PlanError, load_plan
-from specwatch.experiment.runner import RunConflict, RunOptions, run_plan
+from specwatch.experiment.runner import RunConflict, RunOptions, run_plan, stop_on_sigterm
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,10 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the run); by default it runs when `prometheus` is on PATH")
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops the run like Ctrl+C: the running server is stopped first
-
-
 def run(home: Home, args: argparse.Namespace) -> int:
     if args.resume and not args.run_id:
         print("specwatch experiment: --resume needs the --run-id of the run to finish", file=sys.stderr)
@@ -49,7 +43,7 @@ def run(home: Home, args: argparse.Namespace) -> int:
         print(f"specwatch experiment: {args.plan}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     console = Console(stderr=True)
     try:
         result = run_plan(plan, RunOptions(args.out, run_id, home, args.resume, dict(os.environ),
@@ -58,10 +52,11 @@ def run(home: Home, args: argparse.Namespace) -> int:
         print(f"specwatch experiment: {exc}", file=sys.stderr)
         return EXIT_USAGE
     console.print(f"results in {result.folder}")
+    if plan.sweep is not None and not result.failed:
+        console.print(f"next: `specwatch tune {result.folder}`, the best k per batch size"
+                      + (" and its proof (measured there)" if plan.sweep.proof else ""))
     if result.failed:
         console.print(f"failed: {', '.join(result.failed)} (see their status.json; --resume redoes them)")
-        return EXIT_ERROR
-    if result.checks_failed:
+    elif result.checks_failed:
         console.print(f"checks failed: {', '.join(result.checks_failed)} (see their reconciliation.json)")
-        return EXIT_CHECK
-    return EXIT_OK
+    return result.exit_code

@@ -1,14 +1,21 @@
-"""Where an experiment's results go, written atomically as they are produced; a variant's status comes last."""
+"""Where an experiment's results go, written atomically as they are produced; a variant's status comes last.
+
+The one map of a run folder: every reader (the report, `specwatch tune`, the reconciliation) takes its paths from
+`RunFolder` and `VariantFolder`, and a performance pass's requests through `VariantFolder.requests`.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from specwatch.load.results import RequestResult, read_results
 
 DONE = "done"  # a finished variant (its checks may still have failed); resume skips it
 FAILED = "failed"  # an error stopped the variant; resume redoes it
@@ -33,6 +40,22 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+class RunFolderError(ValueError):
+    """A file of a run folder that cannot be read; the message names it (and the line)."""
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file written here (blank lines skipped); RunFolderError names a bad line."""
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError as exc:
+                raise RunFolderError(f"{path}:{number}: {exc}") from exc
+    return records
 
 
 def sha256_file(path: Path) -> str:
@@ -102,10 +125,35 @@ class VariantFolder:
     def acceptance(self, task: str) -> Path:
         return self.root / "acceptance" / f"{task}.jsonl"
 
+    def acceptance_files(self) -> list[Path]:
+        """Every task's acceptance pass (`acceptance/<task>.jsonl`), by task name."""
+        return sorted((self.root / "acceptance").glob("*.jsonl"))
+
     def perf(self, concurrency: int) -> Path:
         """The performance pass at one concurrency: every block's requests merged (`requests.jsonl`, each line
         with its round) and their `summary.json`."""
         return self.root / "perf" / f"c{concurrency}"
+
+    def concurrencies(self) -> list[int]:
+        """The concurrencies the performance pass has a folder for (`perf/c<N>`), smallest first."""
+        found = (re.fullmatch(r"c(\d+)", p.name) for p in (self.root / "perf").glob("c*") if p.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def requests_file(self, concurrency: int) -> Path:
+        return self.perf(concurrency) / "requests.jsonl"
+
+    def summary_file(self, concurrency: int) -> Path:
+        return self.perf(concurrency) / "summary.json"
+
+    def requests(self, concurrency: int) -> list[RequestResult]:
+        """The performance pass's requests at one concurrency, one typed record per line of its `requests.jsonl`,
+        in order (warm-ups and failures included; none where the pass wrote no file). RunFolderError names a
+        malformed file."""
+        path = self.requests_file(concurrency)
+        try:
+            return read_results([path])
+        except (ValueError, TypeError) as exc:
+            raise RunFolderError(f"{path}: {exc}") from exc
 
     def block(self, concurrency: int, round_: int) -> Path:
         """One round's block of the performance pass, as Locust wrote it."""

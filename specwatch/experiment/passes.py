@@ -16,7 +16,7 @@ from rich.console import Console
 
 from specwatch.acceptance import Acceptance, AcceptanceFieldError, spec_field
 from specwatch.chat_client import run_chat
-from specwatch.experiment.layout import VariantFolder, write_text
+from specwatch.experiment.layout import VariantFolder, read_jsonl, write_text
 from specwatch.experiment.plan import AcceptancePass, PerformancePass
 from specwatch.load.run import LoadConfig
 from specwatch.load.run import run as run_load
@@ -70,23 +70,25 @@ def performance_pass(url: str, workloads: Mapping[str, Path], out: Path, cfg: Pe
 def per_request_sums(folder: VariantFolder) -> tuple[Acceptance, list[str]]:
     """The spec fields of every request sent between the snapshots, summed, and the files they came from.
 
-    A malformed field is an AcceptanceFieldError naming the file and line."""
+    A malformed field is an AcceptanceFieldError naming the file and line; a malformed line, a RunFolderError."""
+    files: list[tuple[Path, list[Any]]] = [(path, [record.get("spec") for record in read_jsonl(path)])
+                                           for path in folder.acceptance_files()]
+    files += [(folder.requests_file(c), [r.spec for r in folder.requests(c)])
+              for c in folder.concurrencies() if folder.requests_file(c).exists()]
     summed = Acceptance()
-    sources: list[str] = []
-    for path in sorted((folder.root / "acceptance").glob("*.jsonl")) + sorted(
-            (folder.root / "perf").glob("c*/requests.jsonl")):
-        source = str(path.relative_to(folder.root))
-        sources.append(source)
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    summed = summed.add(json.loads(line).get("spec"), 0)
-                except AcceptanceFieldError as exc:
-                    raise AcceptanceFieldError(f"{source} line {number}: {exc}") from None
+    sources = [str(path.relative_to(folder.root)) for path, _ in files]
+    for source, (_, fields) in zip(sources, files, strict=True):
+        for number, field in enumerate(fields, 1):
+            try:
+                summed = summed.add(field, 0)
+            except AcceptanceFieldError as exc:
+                raise AcceptanceFieldError(f"{source} line {number}: {exc}") from None
     return summed, sources
 
 
-def reconcile(difference: Difference, folder: VariantFolder, speculative: bool) -> dict[str, Any]:
+def check_counters(difference: Difference, folder: VariantFolder, speculative: bool) -> dict[str, Any]:
+    """The variant's reconciliation (`reconciliation.json`): each server counter's difference against the sum of the
+    per-request fields (`per_request_sums`); a baseline must have drafted nothing."""
     summed, sources = per_request_sums(folder)
     per_request: dict[str, Any] = {
         "C": summed.accepted, "D": summed.drafted, "R": summed.steps,

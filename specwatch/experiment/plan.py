@@ -96,8 +96,8 @@ class Variant:
 class Sweep:
     """A tuning sweep: one method at every draft length in `ks` (0 = the baseline) at every performance concurrency.
 
-    Expanded into variants `k0`, `k1`, ... (`sweep_variant_name`); after them, with `proof`, the runner
-    tunes (`specwatch.tune`) and measures the recommended dynamic config as the variant `dynamic`.
+    Expanded into variants `k0`, `k1`, ... (`sweep_variant_name`); with `proof`, `specwatch tune` then measures
+    its recommended dynamic config as the variant `dynamic`, a second run into the sweep's folder.
     """
 
     method: Mapping[str, Any]  # the speculative config without num_speculative_tokens
@@ -255,7 +255,7 @@ def _server(value: Any) -> ServerFlags:
                        float(_int(m, "startup_timeout", "server", 600)))
 
 
-def _tasks(value: Any, base_dir: Path) -> tuple[Task, ...]:
+def _tasks(value: Any, base_dir: Path, inputs: Path | None = None) -> tuple[Task, ...]:
     if not isinstance(value, dict) or not value:
         raise PlanError("tasks: expected a mapping of task name to a JSONL path or `article`, "
                         f"e.g. {{code: article, chat: data/chat.jsonl}}, got {_kind(value)}")
@@ -266,7 +266,9 @@ def _tasks(value: Any, base_dir: Path) -> tuple[Task, ...]:
             raise PlanError(f"{where}: a task name is letters, digits, `_`, `-`, `.`")
         if not isinstance(source, str) or not source:
             raise PlanError(f"{where}: expected a JSONL path or `article` / `article:code`, got {_kind(source)}")
-        if source == "article" or source.startswith("article:"):
+        if inputs is not None:  # a run's own copy, whatever the source was
+            source = str(inputs / f"{name}.jsonl")
+        elif source == "article" or source.startswith("article:"):
             article = source.partition(":")[2] or name
             if article not in TASKS:
                 raise PlanError(f"{where}: the article's built-in sets are {', '.join(TASKS)}; "
@@ -438,7 +440,9 @@ def _design(m: dict[str, Any], variants: tuple[Variant, ...], sweep: Sweep | Non
     return cast(Design, design), rounds
 
 
-def parse_plan(text: str, base_dir: Path, home: Home) -> StudyPlan:
+def parse_plan(text: str, base_dir: Path, home: Home, inputs: Path | None = None) -> StudyPlan:
+    """`inputs`: read every task from its copy there (`<inputs>/<task>.jsonl`, a run folder's `inputs/`) instead of
+    its source: the plan of a run, loaded again for a later run into the same folder."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -467,7 +471,7 @@ def parse_plan(text: str, base_dir: Path, home: Home) -> StudyPlan:
     return StudyPlan(
         name=_str(m, "name", "plan", "experiment"), model=model,
         served_model_name=_str(m, "served_model_name", "plan", SERVED_MODEL_NAME),
-        server=_server(m.get("server")), lang=lang, tasks=_tasks(m["tasks"], base_dir),
+        server=_server(m.get("server")), lang=lang, tasks=_tasks(m["tasks"], base_dir, inputs),
         warmup_requests=_int(m, "warmup_requests", "plan", 1, minimum=0),
         acceptance=_acceptance(m.get("acceptance")), performance=performance,
         variants=variants, text=text, sweep=sweep, design=design, rounds=rounds)

@@ -12,8 +12,8 @@ never redone or touched; anything else is set aside under `interrupted/` and red
 
 from __future__ import annotations
 
-import json
 import shutil
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import requests
@@ -32,6 +33,7 @@ from specwatch import __version__, snapshot
 from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_backend, wait_http_health
 from specwatch.backends.base import HOST, Server
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_CHECK, EXIT_ERROR, EXIT_OK
 from specwatch.experiment import blocks, environment, passes
 from specwatch.experiment.blocks import bracket, rotation
 from specwatch.experiment.layout import (
@@ -46,6 +48,7 @@ from specwatch.experiment.layout import (
 )
 from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, batch_size, sweep_variant_name
 from specwatch.experiment.timeline import PrometheusError, Timeline, Window
+from specwatch.load.results import RequestResult
 from specwatch.net import free_port
 from specwatch.stats import median
 from specwatch.vllm_cpu.server import serve_argv
@@ -79,6 +82,11 @@ class RunResult:
     @property
     def checks_failed(self) -> list[str]:
         return [n for n, s in self.statuses.items() if s.get("state") == DONE and not s.get("ok")]
+
+    @property
+    def exit_code(self) -> int:
+        """EXIT_ERROR where a variant failed, else EXIT_CHECK where one failed its checks, else EXIT_OK."""
+        return EXIT_ERROR if self.failed else EXIT_CHECK if self.checks_failed else EXIT_OK
 
 
 BACKEND_OPTIONS = ("--host", "--port")  # the backend adds its own (backends/base.py)
@@ -177,7 +185,9 @@ class Runner:
         if record.get("inputs_sha256", self.inputs) != self.inputs:
             raise RunConflict(f"--resume: the task files changed since the run started ({self.run.run}); "
                               "start a new run")
-        record.update({"inputs_sha256": self.inputs, "variants": [v.name for v in self.plan.variants]})
+        earlier = [str(name) for name in record.get("variants", [])]  # a later run into the folder adds its own
+        record.update({"inputs_sha256": self.inputs,
+                       "variants": earlier + [v.name for v in self.plan.variants if v.name not in earlier]})
         record["attempts"].append({"started": _now(), "resume": self.options.resume})
         write_json(self.run.run, record)
         self._sweep_record()
@@ -224,8 +234,6 @@ class Runner:
         self.timeline = self._start_timeline() if unfinished else None
         try:
             result = self._variants(self.plan.variants)
-            if self.plan.sweep is not None and self.plan.sweep.proof and not result.failed:
-                result = self._proof(result)
             self._save_timeline(result.statuses)
             return result
         finally:
@@ -261,34 +269,6 @@ class Runner:
             self.timeline.save(windows, backends)
         except (PrometheusError, requests.RequestException, OSError) as exc:  # the results stand without curves
             self.console.print(f"the dashboard queries over the run could not be saved: {exc}")
-
-    def _proof(self, result: RunResult) -> RunResult:
-        """After a sweep: tune, measure the recommended dynamic config as one more variant, write the proof."""
-        from specwatch.tune import proof, tuner  # the tune package reads the experiment's layout
-
-        recommendation = tuner.tune_run(self.run.root, self.run.tune, max_tpot_ms=self.plan.sweep.max_tpot_ms
-                                        if self.plan.sweep else None, console=self.console)
-        config = recommendation.speculative_config
-        if config is None:
-            self.console.print("tune recommends no speculation at any batch size: nothing dynamic to prove")
-            return result
-        first = self.plan.variants[0]
-        dynamic = Variant(DYNAMIC, self.plan.model, config, first.backend, first.args, sweep_variant_name(0))
-        folder = self.run.variant(DYNAMIC)
-        status = folder.read_status() or {}
-        if folder.finished() and status.get("speculative_config") != config:
-            raise RunConflict(f"--resume: {folder.root} measured another config than the one tune recommends now; "
-                              "start a new run")
-        record = read_json_object(self.run.run) or {}
-        if DYNAMIC not in record.get("variants", []):
-            record["variants"] = [*record.get("variants", []), DYNAMIC]
-            write_json(self.run.run, record)
-        more = self._variants([dynamic])
-        statuses = {**result.statuses, **more.statuses}
-        if not more.failed:
-            table = proof.write_proof(self.run.root, self.run.tune)
-            self.console.print(table)
-        return RunResult(self.run.root, statuses)
 
     def _variants(self, variants: Sequence[Variant]) -> RunResult:
         statuses: dict[str, dict[str, Any]] = {}
@@ -526,10 +506,11 @@ class Runner:
             failures = sum(t["failures"] for t in summary["tasks"].values())
             perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"], "rounds": rounds}
             if self.plan.sweep is not None:
-                self.console.print(cell_line(v, c, summary, folder.perf(c) / "requests.jsonl"))
+                self.console.print(cell_line(v, c, summary, folder.requests(c)))
         if s.server is not None:
             self._snapshot_after(s)
-        reconciliation = passes.reconcile(snapshot.combine(s.differences), folder, v.speculative_config is not None)
+        reconciliation = passes.check_counters(snapshot.combine(s.differences), folder,
+                                               v.speculative_config is not None)
         reconciliation["lifetimes"] = len(s.differences)
         write_json(folder.reconciliation, reconciliation)
         perf_ok = all(p["failures"] == 0 and p["locust_exit_code"] == 0 for p in perf.values())
@@ -572,7 +553,7 @@ class Runner:
         return self.help[key]
 
 
-def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], requests_file: Path) -> str:
+def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], rows: Sequence[RequestResult]) -> str:
     """A sweep cell's progress line: the variant, its k, the concurrency, requests and TPOT p50 per task.
 
     The TPOT is the server's (`mean_itl_ms`) where it reported one: a busy client's own is bunched."""
@@ -580,11 +561,10 @@ def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], requests
     table = (v.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
     what = f"k per batch size {table}" if table else f"k={k}"
     server: dict[str, list[float]] = {}
-    for line in requests_file.read_text().splitlines() if requests_file.exists() else []:
-        r = json.loads(line) if line.strip() else {}
-        itl = (r.get("server") or {}).get("mean_itl_ms")
-        if r.get("ok") and not r.get("warmup") and isinstance(itl, int | float):
-            server.setdefault(r["task"], []).append(float(itl))
+    for r in rows:
+        itl = (r.server or {}).get("mean_itl_ms")
+        if r.ok and not r.warmup and isinstance(itl, int | float):
+            server.setdefault(r.task, []).append(float(itl))
     parts = []
     for task, s in summary["tasks"].items():
         tpot = f"{median(server[task]):.2f} ms (server)" if server.get(task) else f"{s['tpot_ms']['p50']} ms"
@@ -598,3 +578,13 @@ def _now() -> str:
 
 def run_plan(plan: StudyPlan, options: RunOptions, console: Console | None = None) -> RunResult:
     return Runner(plan, options, console or Console()).execute()
+
+
+def stop_on_sigterm() -> None:
+    """From here on SIGTERM stops a run like Ctrl+C: the running servers are stopped first (for the verbs that
+    run plans, in their main thread)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

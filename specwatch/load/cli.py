@@ -9,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specwatch.cli import EXIT_CHECK, EXIT_OK, EXIT_USAGE
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_CHECK, EXIT_OK, EXIT_USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,8 +17,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from specwatch import vllm_pins as pins
 from specwatch.config import Home
-from specwatch.vllm_cpu import pins
 
 TOOLS = Path(__file__).with_name("hf_tools.py")
 EAGLE3_TRAINER = Path(__file__).with_name("eagle3.py")

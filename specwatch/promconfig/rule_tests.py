@@ -26,7 +26,7 @@ from specwatch.exporter.labels import OUTCOMES
 from specwatch.generated import write_or_check
 from specwatch.monitoring import MONITORING as S
 from specwatch.promconfig import rules as R
-from specwatch.tune.cost_rules import StepCost, batch_ranges
+from specwatch.promconfig.cost_rules import StepCost, batch_ranges
 
 INTERVAL_S = 15
 STEPS = 40                 # samples 0..40: ten minutes

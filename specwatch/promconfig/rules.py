@@ -272,7 +272,7 @@ def best_k_record(window: str) -> str:
 
 def tuning_rules(window: str) -> list[RecordingRule]:
     """What each draft length k would buy (expected tokens per verify step, from the per-position acceptance), and,
-    when a cost table is loaded (`specwatch.tune.cost_rules`), the k that maximises a stream's output tokens per
+    when a cost table is loaded (`specwatch.promconfig.cost_rules`), the k that maximises a stream's output tokens per
     second at the current running batch size.
 
     E[tokens per step | k] = 1 + sum over positions p < k of P(accepted length >= p + 1). Only positions the

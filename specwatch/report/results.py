@@ -11,7 +11,6 @@ over the run are `timeline.json` as the study's Prometheus answered the dashboar
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ import yaml
 
 from specwatch import snapshot
 from specwatch.acceptance import Acceptance, parse, spec_field
-from specwatch.experiment.layout import VariantFolder
-from specwatch.load.results import RequestResult, percentile, read_results
+from specwatch.experiment.layout import RunFolder, RunFolderError, VariantFolder, read_jsonl
+from specwatch.load.results import RequestResult, percentile
 
 PERF_METRICS = ("tpot", "itl_p95", "output_tps")  # per-request performance samples, named as the canary names them
 
@@ -139,14 +138,10 @@ def _json(path: Path) -> Any:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                raise ResultsError(f"{path}:{number}: {exc}") from exc
-    return rows
+    try:
+        return read_jsonl(path)
+    except RunFolderError as exc:
+        raise ResultsError(str(exc)) from exc
 
 
 def output_tokens(rec: dict[str, Any], where: str) -> tuple[Token, ...]:
@@ -166,9 +161,9 @@ def output_tokens(rec: dict[str, Any], where: str) -> tuple[Token, ...]:
                            f"{{token, logprob, top_logprobs}}: {exc!r}") from None
 
 
-def _prompts(folder: Path) -> dict[str, list[str]]:
+def _prompts(run: RunFolder) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for path in sorted((folder / "inputs").glob("*.jsonl")):
+    for path in sorted(run.inputs.glob("*.jsonl")):
         prompts = []
         for row in _jsonl(path):
             messages = row.get("messages") or []
@@ -178,11 +173,11 @@ def _prompts(folder: Path) -> dict[str, list[str]]:
     return out
 
 
-def _requests(path: Path) -> dict[str, list[RequestResult]]:
+def _requests(folder: VariantFolder, concurrency: int) -> dict[str, list[RequestResult]]:
     try:
-        rows = read_results([path])
-    except (ValueError, TypeError) as exc:
-        raise ResultsError(f"{path}: {exc}") from exc
+        rows = folder.requests(concurrency)
+    except RunFolderError as exc:
+        raise ResultsError(str(exc)) from exc
     out: dict[str, list[RequestResult]] = {}
     for r in rows:
         if not r.warmup:
@@ -190,22 +185,20 @@ def _requests(path: Path) -> dict[str, list[RequestResult]]:
     return out
 
 
-def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
-    status_path = folder / "status.json"
-    status = _json(status_path) if status_path.exists() else {"state": "missing"}
+def _variant(folder: VariantFolder, name: str, spec: dict[str, Any]) -> VariantResults:
+    status = _json(folder.status) if folder.status.exists() else {"state": "missing"}
     config = spec.get("speculative_config") or None
     declared = status.get("baseline") or spec.get("baseline")
     result = VariantResults(name, str(status.get("state", "missing")), status.get("error"),
                             speculative=config is not None, baseline=str(declared) if declared else None,
                             method=(config or {}).get("method") or (config or {}).get("model") if config else None)
-    env_path = folder / "environment.json"
-    if env_path.exists():
-        env = _json(env_path)
+    if folder.environment.exists():
+        env = _json(folder.environment)
         backend = env.get("backend")
         result.backend = str(backend.get("kind") or backend.get("name")) if isinstance(backend, dict) else backend
         blocks = env.get("num_gpu_blocks")
         result.num_gpu_blocks = int(blocks) if blocks not in (None, "None", "") else None
-    for path in sorted((folder / "acceptance").glob("*.jsonl")):
+    for path in folder.acceptance_files():
         acc = Acceptance()
         outputs: list[Output] = []
         pairs: list[tuple[int, int]] = []
@@ -223,46 +216,43 @@ def _variant(folder: Path, name: str, spec: dict[str, Any]) -> VariantResults:
         result.acceptance[path.stem] = acc
         result.outputs[path.stem] = sorted(outputs, key=lambda o: o.index)
         result.spec_requests[path.stem] = pairs
-    for path in sorted((folder / "perf").glob("c*/summary.json")):
-        match = re.fullmatch(r"c(\d+)", path.parent.name)
-        if match:
-            concurrency = int(match.group(1))
-            result.perf[concurrency] = _json(path).get("tasks", {})
-            result.requests[concurrency] = _requests(path.parent / "requests.jsonl")
-    snapshots = VariantFolder(folder).snapshot_pairs()  # one pair per server lifetime (several in a bracketed design)
+    for concurrency in folder.concurrencies():
+        if folder.summary_file(concurrency).exists():
+            result.perf[concurrency] = _json(folder.summary_file(concurrency)).get("tasks", {})
+            result.requests[concurrency] = _requests(folder, concurrency)
+    snapshots = folder.snapshot_pairs()  # one pair per server lifetime (several in a bracketed design)
     if snapshots:
         lifetimes = [snapshot.diff(snapshot.read(b), snapshot.read(a)) for b, a in snapshots]
         result.server = snapshot.combine(lifetimes).server
     blocks = status.get("blocks")
     result.blocks = [b for b in blocks if isinstance(b, dict)] if isinstance(blocks, list) else []
-    recon = folder / "reconciliation.json"
-    if recon.exists():
-        doc = _json(recon)
+    if folder.reconciliation.exists():
+        doc = _json(folder.reconciliation)
         result.reconciled = bool(doc.get("equal", doc.get("ok"))) if isinstance(doc, dict) else None
     return result
 
 
 def load(folder: Path) -> RunResults:
-    plan_path = folder / "plan.yaml"
-    if not plan_path.exists():
+    layout = RunFolder(folder)
+    if not layout.plan.exists():
         raise ResultsError(f"{folder}: no plan.yaml; expected a folder written by `specwatch experiment`")
-    plan = yaml.safe_load(plan_path.read_text()) or {}
-    run = _json(folder / "run.json") if (folder / "run.json").exists() else {}
+    plan = yaml.safe_load(layout.plan.read_text()) or {}
+    run = _json(layout.run) if layout.run.exists() else {}
     declared = plan.get("variants") or {}
     if isinstance(declared, list):  # a list of {name: ..., ...} is accepted too
         declared = {str(v["name"]): v for v in declared if isinstance(v, dict) and "name" in v}
     if not declared and isinstance(plan.get("sweep"), dict):  # a sweep: k0, k1, ... and dynamic, as they ran
         for name in run.get("variants", []):
-            status_path = folder / "variants" / str(name) / "status.json"
+            status_path = layout.variant(str(name)).status
             status = _json(status_path) if status_path.exists() else {}
             declared[str(name)] = {"speculative_config": status.get("speculative_config")}
-    variants = [_variant(folder / "variants" / str(name), str(name), spec if isinstance(spec, dict) else {})
+    variants = [_variant(layout.variant(str(name)), str(name), spec if isinstance(spec, dict) else {})
                 for name, spec in declared.items()]
-    timeline = _json(folder / "timeline.json") if (folder / "timeline.json").exists() else None
+    timeline = _json(layout.timeline) if layout.timeline.exists() else None
     if timeline is not None and not (isinstance(timeline, dict) and isinstance(timeline.get("queries"), list)
                                      and isinstance(timeline.get("variants"), dict)):
-        raise ResultsError(f"{folder / 'timeline.json'}: expected an object with `queries` and `variants`")
+        raise ResultsError(f"{layout.timeline}: expected an object with `queries` and `variants`")
     design = str(run.get("design") or "sequential")
     rounds = int(run.get("rounds") or 1)
-    return RunResults(folder, str(run.get("run_id", folder.name)), plan, variants, _prompts(folder), timeline,
+    return RunResults(folder, str(run.get("run_id", folder.name)), plan, variants, _prompts(layout), timeline,
                       design, rounds)

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from specwatch.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

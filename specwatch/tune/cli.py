@@ -2,23 +2,33 @@
 
 Reads a sweep run (`specwatch experiment` with a `sweep:` plan), writes `RUN/tune/` (or `--out`):
 the `--speculative-config` with its per-batch-size table, the report, the plot, `cost-rules.yml`;
-and, when the run measured the dynamic config, `proof.md`. Exit codes: 0 done; 2 not a sweep run
-or a bad flag; 1 Prometheus unreachable or empty.
+and the proof, `proof.md`. Where the plan asks for it (`sweep.proof`, the default) and the run has
+not measured it yet, tune measures its recommendation first: the variant `dynamic`, one more run
+into the sweep's folder (`tune.dynamic`). Exit codes: 0 done; 2 not a sweep run or a bad flag;
+1 Prometheus unreachable or empty, or the proof's variant failed; 3 the proof's variant finished
+but a check failed (reconciliation mismatch, Locust failures).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from specwatch.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from specwatch.experiment.layout import RunFolder
+from specwatch.experiment.plan import DYNAMIC, PlanError
+from specwatch.experiment.runner import RunConflict
 from specwatch.exporter.labels import NAME_PATTERN
-from specwatch.tune import fit, live, proof, tuner
-from specwatch.tune.sweep import SweepError, load
+from specwatch.tune import dynamic, fit, live, proof, render, tuner
+from specwatch.tune.fit import Recommendation
+from specwatch.tune.sweep import Sweep, SweepError, load
 
 
 def _mix(text: str) -> dict[str, float]:
@@ -56,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-variant", help="the `variant` label of cost-rules.yml: the live deployment's (the "
                    "exporter's route, e.g. candidate), so the dashboard's best k joins its traffic (default: the "
                    "sweep's method)")
+    p.add_argument("--no-proof", action="store_true", help="do not measure the recommendation where the sweep asks "
+                   "for its proof and has not measured it yet (no server is started; a proof already measured is "
+                   "still written)")
 
 
 def run(home: Home, args: argparse.Namespace) -> int:
@@ -71,7 +84,7 @@ def run(home: Home, args: argparse.Namespace) -> int:
     if args.data_parallel_size is not None and args.data_parallel_size < 1:
         print(f"specwatch tune: --data-parallel-size {args.data_parallel_size}: expected 1 or more", file=sys.stderr)
         return EXIT_USAGE
-    out = args.out or args.run / "tune"
+    out = args.out or RunFolder(args.run).tune
     console = Console(stderr=True)
     mix, acceptance, source, dp = args.mix, None, "the sweep", args.data_parallel_size or 1
     if args.prometheus:
@@ -97,9 +110,43 @@ def run(home: Home, args: argparse.Namespace) -> int:
     tuner.write(sweep, rec, out, args.cost_variant)
     for warning in rec.warnings:
         console.print(f"[bold yellow]warning:[/] {warning}")
-    console.print(tuner.render.summary(sweep, rec))
+    console.print(render.summary(sweep, rec))
+    code = EXIT_OK
+    config = rec.speculative_config
+    if sweep.proof and not sweep.dynamic and not args.no_proof:
+        if config is None:
+            console.print("tune recommends no speculation at any batch size: nothing dynamic to prove")
+        else:
+            code = _measure(home, args.run, config, console)
+            if code in (EXIT_ERROR, EXIT_USAGE):
+                return code
+            sweep = load(args.run)
+            tuner.write(sweep, rec, out, args.cost_variant)  # tune.md names proof.md now
     if sweep.dynamic:
-        console.print(proof.write_proof(args.run, out))
+        _proof(sweep, rec, out, console)
     console.print(f"written: {out}/tune.md, speculative-config.json, cost-rules.yml, tune.png"
                   + (", proof.md" if sweep.dynamic else ""))
-    return EXIT_OK
+    return code
+
+
+def _measure(home: Home, run: Path, config: Mapping[str, Any], console: Console) -> int:
+    """The proof's variant `dynamic`: the recommended config measured in the sweep's folder; its exit code."""
+    console.print("the proof: measuring the recommended config as the variant `dynamic` of the sweep's run")
+    try:
+        result = dynamic.measure(run, config, home, console)
+    except (PlanError, RunConflict) as exc:
+        print(f"specwatch tune: {run}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    folder = RunFolder(run).variant(DYNAMIC)
+    if result.failed:
+        console.print(f"the proof's variant failed: see {folder.status} (tune again to redo it)")
+    elif result.checks_failed:
+        console.print(f"the proof's variant failed its checks: see {folder.reconciliation}")
+    return result.exit_code
+
+
+def _proof(sweep: Sweep, rec: Recommendation, out: Path, console: Console) -> None:
+    if sweep.dynamic_config != rec.speculative_config:
+        console.print("[bold yellow]warning:[/] the run's proof measured another config than this recommendation "
+                      f"({json.dumps(sweep.dynamic_config)}); proof.md compares that one")
+    console.print(proof.write_proof(sweep.root, out))

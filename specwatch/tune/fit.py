@@ -24,6 +24,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specwatch.stats import median
 from specwatch.tune.sweep import Sample, Sweep
@@ -225,3 +226,18 @@ def bootstrap_gains(sweep: Sweep, model: Model, points: Sequence[tuple[int, int]
         hi = values[math.ceil((1 - tail) * (len(values) - 1))]
         out[(b, k)] = Interval(model.gain(b, k), lo, hi)
     return out
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The fit's answer: the per-batch-size ranges and their `--speculative-config`, the model behind them, the choice
+    at every batch size and the expected gains with their intervals (what `tuner` writes and `render` words)."""
+
+    ranges: Ranges
+    speculative_config: dict[str, Any] | None
+    model: Model
+    choices: list[Choice]
+    gains: dict[tuple[int, int], Interval]  # (batch, k) at the measured concurrencies
+    max_tpot_ms: float | None
+    acceptance_source: str
+    warnings: tuple[str, ...] = ()

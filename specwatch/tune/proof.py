@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from specwatch import judge
-from specwatch.experiment.layout import write_json, write_text
+from specwatch.acceptance import parse
+from specwatch.experiment.layout import RunFolder, write_json, write_text
 from specwatch.stats import median
 from specwatch.tune.fit import mix_of
 from specwatch.tune.sweep import Cell, Sweep, load, tpots
@@ -58,14 +59,12 @@ def table_k(config: Mapping[str, Any], batch: int) -> int:
 
 
 def _drafts_per_step(cell: Cell, run: Path) -> float | None:
-    path = run / "variants" / cell.variant / "perf" / f"c{cell.concurrency}" / "requests.jsonl"
     drafted = steps = 0
-    for line in path.read_text().splitlines():
-        r = json.loads(line) if line.strip() else {}
-        spec = r.get("spec")
-        if r.get("ok") and not r.get("warmup") and spec:
-            drafted += int(spec["num_draft_tokens"])
-            steps += int(spec["num_spec_steps"])
+    for r in RunFolder(run).variant(cell.variant).requests(cell.concurrency):
+        if r.ok and not r.warmup and r.spec:
+            f = parse(r.spec)
+            drafted += f.drafted
+            steps += f.steps
     return drafted / steps if steps else None
 
 
@@ -202,11 +201,9 @@ def conclusions(sweep: Sweep, result: Sequence[Row], backend: str | None) -> lis
     return out
 
 
-def write_proof(root: Path, out: Path, backend: str | None = None) -> str:
+def write_proof(root: Path, out: Path) -> str:
     sweep = load(root)
-    if backend is None:
-        record = json.loads((root / "sweep.json").read_text())
-        backend = record.get("backend")
+    backend = sweep.backend
     result = rows(sweep)
     text = table(sweep, result)
     mix_text, mix_records = mix_table(sweep, result)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -13,10 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from specwatch.report.plots import BASELINE_COLOUR, colour_map  # noqa: E402
 from specwatch.tune import fit  # noqa: E402
+from specwatch.tune.fit import Recommendation  # noqa: E402
 from specwatch.tune.sweep import Sweep  # noqa: E402
-
-if TYPE_CHECKING:
-    from specwatch.tune.tuner import Recommendation
 
 
 def k_colours(ks: tuple[int, ...]) -> dict[int, str]:

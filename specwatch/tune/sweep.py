@@ -23,14 +23,14 @@ that replace finished ones included (they are part of serving at that concurrenc
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from specwatch.acceptance import parse, survival
-from specwatch.experiment.layout import DONE, RunFolder, read_json_object
+from specwatch.experiment.layout import DONE, RunFolder, RunFolderError, VariantFolder, read_json_object
+from specwatch.load.results import RequestResult
 
 
 class SweepError(ValueError):
@@ -74,25 +74,25 @@ class Sweep:
     dynamic: Mapping[int, Cell]  # the proof's cells by concurrency, when measured
     dynamic_config: Mapping[str, Any] | None
     max_tpot_ms: float | None
+    proof: bool = False  # the plan asks `specwatch tune` to measure its recommendation as the variant `dynamic`
+    backend: str | None = None  # the backend kind the cells ran on (sim, vllm_cpu, ...)
 
     def cell(self, k: int, concurrency: int) -> Cell:
         return self.cells[(k, concurrency)]
 
 
-def sample(record: Mapping[str, Any]) -> Sample | None:
+def sample(r: RequestResult) -> Sample | None:
     """A measured request of `requests.jsonl`, or None (a warm-up, a failure, fewer than 2 tokens)."""
-    n = int(record.get("completion_tokens") or 0)
-    if record.get("warmup") or not record.get("ok") or record.get("tpot_s") is None or n < 2:
+    n = r.completion_tokens
+    if r.warmup or not r.ok or r.tpot_s is None or n < 2:
         return None
-    server_itl = (record.get("server") or {}).get("mean_itl_ms")
-    tpot = float(server_itl) / 1000 if isinstance(server_itl, int | float) and server_itl > 0 \
-        else float(record["tpot_s"])
-    field = record.get("spec")
-    if field is None:
-        return Sample(str(record["task"]), tpot, n, 0, n - 1, ())
-    f = parse(field)
+    server_itl = (r.server or {}).get("mean_itl_ms")
+    tpot = float(server_itl) / 1000 if isinstance(server_itl, int | float) and server_itl > 0 else float(r.tpot_s)
+    if r.spec is None:
+        return Sample(r.task, tpot, n, 0, n - 1, ())
+    f = parse(r.spec)
     steps = max(f.steps, n - 1 - f.accepted, 1)
-    return Sample(str(record["task"]), tpot, n, f.accepted, steps, survival(f.histogram))
+    return Sample(r.task, tpot, n, f.accepted, steps, survival(f.histogram))
 
 
 def in_flight(window: tuple[float, float], intervals: Sequence[tuple[float, float]]) -> float:
@@ -103,19 +103,22 @@ def in_flight(window: tuple[float, float], intervals: Sequence[tuple[float, floa
     return sum(max(0.0, min(b, e) - max(a, s)) for s, e in intervals) / (b - a)
 
 
-def read_cell(folder: Path, variant: str, k: int, concurrency: int) -> Cell:
-    path = folder / "perf" / f"c{concurrency}" / "requests.jsonl"
+def read_cell(folder: VariantFolder, variant: str, k: int, concurrency: int) -> Cell:
+    path = folder.requests_file(concurrency)
     if not path.exists():
         raise SweepError(f"{path}: missing (the cell {variant} at concurrency {concurrency} did not run)")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    intervals = [(float(r["start"]), float(r["end"])) for r in records if r.get("start") and r.get("end")]
+    try:
+        records = folder.requests(concurrency)
+    except RunFolderError as exc:
+        raise SweepError(str(exc)) from exc
+    intervals = [(r.start, r.end) for r in records if r.start and r.end]
     samples = []
     for r in records:
         s = sample(r)
         if s is None:
             continue
-        if r.get("start") and r.get("end") and r.get("ttft_s") is not None:
-            s = replace(s, batch=in_flight((float(r["start"]) + float(r["ttft_s"]), float(r["end"])), intervals))
+        if r.start and r.end and r.ttft_s is not None:
+            s = replace(s, batch=in_flight((r.start + r.ttft_s, r.end), intervals))
         samples.append(s if s.batch > 0 else replace(s, batch=float(concurrency)))
     if not samples:
         raise SweepError(f"{path}: no measured request finished")
@@ -137,16 +140,17 @@ def load(root: Path) -> Sweep:
             raise SweepError(f"{folder.root}: the variant {name} has not finished (state "
                              f"{status.get('state', 'missing')}); finish it with `specwatch experiment --resume`")
         for c in concurrencies:
-            cells[(int(k), c)] = read_cell(folder.root, name, int(k), c)
+            cells[(int(k), c)] = read_cell(folder, name, int(k), c)
     dynamic: dict[int, Cell] = {}
-    dynamic_status = run.variant(record.get("dynamic", "dynamic")).read_status() or {}
+    measured = str(record.get("dynamic", "dynamic"))
+    dynamic_status = run.variant(measured).read_status() or {}
     if dynamic_status.get("state") == DONE:
-        where = run.variant(record.get("dynamic", "dynamic")).root
-        dynamic = {c: read_cell(where, where.name, -1, c) for c in concurrencies}
+        dynamic = {c: read_cell(run.variant(measured), measured, -1, c) for c in concurrencies}
     method = record["method"]
     return Sweep(root, str(method["method"]), method, tuple(int(k) for k in record["ks"]), concurrencies,
                  tuple(record["tasks"]), cells, dynamic,
-                 dynamic_status.get("speculative_config") if dynamic else None, record.get("max_tpot_ms"))
+                 dynamic_status.get("speculative_config") if dynamic else None, record.get("max_tpot_ms"),
+                 bool(record.get("proof")), record.get("backend"))
 
 
 def tpots(samples: Sequence[Sample]) -> list[float]:

@@ -3,7 +3,7 @@
     tune/
       speculative-config.json   the exact `--speculative-config` value (null: no speculation recommended)
       recommendation.json       ranges, the model (acceptance per task, mix, cost table), gains with intervals
-      cost-rules.yml            the step-cost table as a Prometheus rules file (specwatch.tune.cost_rules)
+      cost-rules.yml            the step-cost table as a Prometheus rules file (specwatch.promconfig.cost_rules)
       tune.md                   the report in plain words
       tune.png                  k against batch size; the expected gain per k against batch size
 """
@@ -12,28 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
 
 from specwatch.experiment.layout import write_json, write_text
+from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 from specwatch.tune import fit, render
-from specwatch.tune.cost_rules import StepCost, write_cost_rules
-from specwatch.tune.sweep import Sweep, load
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    ranges: fit.Ranges
-    speculative_config: dict[str, Any] | None
-    model: fit.Model
-    choices: list[fit.Choice]
-    gains: dict[tuple[int, int], fit.Interval]  # (batch, k) at the measured concurrencies
-    max_tpot_ms: float | None
-    acceptance_source: str
-    warnings: tuple[str, ...] = ()
+from specwatch.tune.fit import Recommendation
+from specwatch.tune.sweep import Sweep
 
 
 def data_parallel_warning(data_parallel_size: int) -> tuple[str, ...]:
@@ -91,16 +76,3 @@ def write(sweep: Sweep, rec: Recommendation, out: Path, cost_variant: str | None
     })
     render.plot(sweep, rec, out / "tune.png")
     write_text(out / "tune.md", render.markdown(sweep, rec))
-
-
-def tune_run(root: Path, out: Path, *, max_tpot_ms: float | None = None, mix: Mapping[str, float] | None = None,
-             acceptance: Mapping[str, tuple[float, ...]] | None = None, acceptance_source: str = "the sweep",
-             console: Console | None = None) -> Recommendation:
-    sweep = load(root)
-    rec = tune(sweep, mix=mix, max_tpot_ms=max_tpot_ms if max_tpot_ms is not None else sweep.max_tpot_ms,
-               acceptance=acceptance, acceptance_source=acceptance_source)
-    write(sweep, rec, out)
-    if console is not None:
-        console.print(render.summary(sweep, rec))
-        console.print(f"tune: {out / 'tune.md'}, {out / 'speculative-config.json'}")
-    return rec

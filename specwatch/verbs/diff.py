@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from specwatch.cli import EXIT_CHECK, EXIT_OK
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_CHECK, EXIT_OK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specwatch.cli import EXIT_OK
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_OK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

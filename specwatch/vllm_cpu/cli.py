@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from specwatch.cli import EXIT_ERROR, EXIT_OK
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_ERROR, EXIT_OK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

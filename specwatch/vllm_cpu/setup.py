@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from specwatch import vllm_pins as pins
 from specwatch.config import Home
-from specwatch.vllm_cpu import pins
 
 MARKER = "specwatch-vllm-cpu.json"
 

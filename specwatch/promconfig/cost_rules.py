@@ -93,7 +93,8 @@ def _rule(record: str, value: float, comment: str, labels: dict[str, str]) -> li
 def render_cost_rules(costs: Sequence[StepCost]) -> str:
     """The rule file's YAML text: one step-cost series per StepCost, and the batch ranges per variant and size."""
     validate(costs)
-    out = ["# A step-cost table for specwatch's best-k rules, written by specwatch.tune.cost_rules (specwatch tune).",
+    out = ["# A step-cost table for specwatch's best-k rules, written by specwatch.promconfig.cost_rules "
+           "(specwatch tune).",
            "# Drop it into the tuned/ folder next to prometheus.yml and reload Prometheus (docs/prometheus.md).",
            "groups:", f"  - name: {GROUP}", "    rules:"]
     for cost in sorted(costs, key=lambda c: (c.variant, c.batch_size, c.k)):
