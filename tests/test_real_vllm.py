@@ -52,7 +52,7 @@ def test_summed_fields_equal_counter_differences_per_position_included(ngram_ser
 
 
 def test_main_job_against_the_real_server(ngram_server, tmp_path, capsys):
-    code = cli.main(["demo", "--url", ngram_server.url, "--rows", "2", "--max-tokens", "48",
+    code = cli.main(["check-server", "--url", ngram_server.url, "--rows", "2", "--max-tokens", "48",
                      "--out", str(tmp_path), "--json"])
     assert code == cli.EXIT_OK
     out = capsys.readouterr().out

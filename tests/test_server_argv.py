@@ -45,7 +45,7 @@ def test_serve_verb_prints_the_command(capsys, tmp_path):
 
 
 def test_demo_rejects_bad_numbers(tmp_path, capsys):
-    assert cli.main(["--home", str(tmp_path), "demo", "--rows", "0"]) == cli.EXIT_USAGE
+    assert cli.main(["--home", str(tmp_path), "check-server", "--rows", "0"]) == cli.EXIT_USAGE
     assert "must be positive" in capsys.readouterr().err
 
 

