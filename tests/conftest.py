@@ -25,7 +25,7 @@ pytest_plugins = ["tests.compose_prebuild"]  # the compose tier's images build w
 
 # A test that takes one of these fixtures needs what the marker names (`make check` leaves them out).
 NEEDS = {"ngram_server": "real_vllm", "model_folders": "real_vllm", "prometheus_factory": "prometheus",
-         "promtool": "prometheus", "service_factory": "servers"}
+         "promtool": "prometheus", "service_factory": "servers", "study": "servers"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

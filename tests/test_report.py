@@ -51,7 +51,6 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "results" / "r1"
 
 
-@pytest.mark.servers
 def test_the_report_shows_the_saved_figures_and_is_self_contained(study: Path, capsys: pytest.CaptureFixture[str]
                                                                   ) -> None:
     assert cli.main(["report", str(study)]) == cli.EXIT_OK
