@@ -155,7 +155,8 @@ def test_ttft_stops_at_the_first_text_line_as_it_arrives_and_failures_carry_reas
             [sys.executable, "-m", "locust", "-f", str(REPO / "loadgen" / "locustfile.py"), "--headless",
              "--only-summary", "-u", "2", "-r", "2", "--host", f"http://127.0.0.1:{server.server_port}",
              "--workloads", f"slow={rows},busy={rows}", "--requests-per-task", "2", "--run-time", "30s",
-             "--csv", str(tmp_path / "locust"), "--results-file", str(results)],
+             "--csv", str(tmp_path / "locust"), "--html", str(tmp_path / "report.html"),
+             "--results-file", str(results)],
             capture_output=True, text=True, timeout=60)
     finally:
         server.shutdown()
@@ -181,6 +182,10 @@ def test_ttft_stops_at_the_first_text_line_as_it_arrives_and_failures_carry_reas
     # the request's row times the whole answer, the pause included, not the headers
     assert float(stats[("POST", "slow")]["Min Response Time"]) > Stub.PAUSE_S * 1000
     assert {kind for kind, _ in stats} == {"POST", ""}, sorted(stats)
+    # headless --html: Locust's report, completed with both tables once Locust has written it
+    report = (tmp_path / "report.html").read_text()
+    section = report[report.index('<section id="specwatch"'):]
+    assert "<td>ITL</td><td>slow</td><td>4</td>" in section and "specwatch-acceptance" in section, section[:2000]
 
 
 def test_percentiles_and_sums_by_hand():
