@@ -23,10 +23,12 @@ from specwatch.canary.samples import Data, from_event_log, from_prometheus, pars
 from specwatch.canary.scoring import CanaryVerdict, judge
 from specwatch.canary.watch import AdminError, push_verdict, watch
 from specwatch.config import Home
+from specwatch.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
 from specwatch.exporter.labels import NAME_PATTERN
 
-EXIT_PASS, EXIT_ERROR, EXIT_USAGE, EXIT_FAIL, EXIT_MARGINAL, EXIT_INSUFFICIENT = 0, 1, 2, 3, 4, 5
+# the verdict's own codes, beside the common ones (specwatch/exit_codes.py): a script tests pass / fail / marginal
+EXIT_PASS, EXIT_FAIL, EXIT_MARGINAL, EXIT_INSUFFICIENT = EXIT_OK, 3, 4, 5
 EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_FAIL, "marginal": EXIT_MARGINAL, "insufficient": EXIT_INSUFFICIENT}
 
 
