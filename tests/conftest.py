@@ -19,6 +19,7 @@ from specwatch.net import free_port
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.vllm_cpu.server import NGRAM_CONFIG, VllmServer, serve_argv
 from specwatch.vllm_cpu.setup import is_installed
+from specwatch.vllm_metrics import samples
 
 pytest_plugins = ["tests.compose_prebuild"]  # the compose tier's images build while the rest runs
 
@@ -101,6 +102,16 @@ class Service:
 
 
 SimServer = Service
+
+
+def requests_by_variant(url: str) -> dict[str, float]:
+    """The tap's requests so far per variant (`specwatch_requests_total` summed over task and outcome)."""
+    totals: dict[str, float] = {}
+    for (name, labels), value in samples(requests.get(url + "/metrics", timeout=10).text).items():
+        if name == "specwatch_requests_total":
+            variant = dict(labels)["variant"]
+            totals[variant] = totals.get(variant, 0.0) + value
+    return totals
 
 
 # summary, as the golden capture of the real n-gram server the simulator is compared with (`ngram`); DETAILED_SIM_ARGS

@@ -31,7 +31,7 @@ from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.vllm_cpu.server import VllmServer
 from specwatch.vllm_metrics import samples
 from specwatch.workloads import Row, article_rows, write_article_workloads
-from tests.conftest import NGRAM_SIM_ARGS, Service
+from tests.conftest import NGRAM_SIM_ARGS, Service, requests_by_variant
 from tests.hog import Hog
 
 pytestmark = pytest.mark.servers  # a simulator pair behind the exporter, Prometheus for some
@@ -121,15 +121,6 @@ def metric(doc: dict[str, Any], task: str, name: str) -> dict[str, Any]:
     t = next(t for t in doc["tasks"] if t["task"] == task)
     found: dict[str, Any] = next(m for m in t["metrics"] if m["metric"] == name)
     return found
-
-
-def requests_by_variant(url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for (name, labels), value in samples(requests.get(url + "/metrics", timeout=10).text).items():
-        if name == "specwatch_requests_total":
-            variant = dict(labels)["variant"]
-            out[variant] = out.get(variant, 0.0) + value
-    return out
 
 
 def chat(url: str, prompt: str, max_tokens: int = 16, variant: str | None = None, task: str = "chat") -> None:

@@ -24,6 +24,7 @@ from specwatch.exporter.relays import _stamp_fingerprint
 from specwatch.exporter.sse import PlainReader, SseSplitter, _data, plain_text
 from specwatch.net import free_port
 from tests.conftest import Service
+from tests.loopback import loopback_upstream
 from tests.test_exporter import value
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
@@ -396,39 +397,21 @@ def raw_upstream(head_alone: threading.Event, go: threading.Event, events: list[
     """A streamed chat answer written by hand on loopback: the head with the first event in one write (or
     the head alone where `head_alone` is set), then nothing until `go`, then the rest. Each chat request's
     bytes go to `received`."""
-    server = socket.create_server(("127.0.0.1", 0))
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
     def chunk(data: bytes) -> bytes:
         return b"%x\r\n%b\r\n" % (len(data), data)
 
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = server.accept()
-                with conn:
-                    got = b""
-                    while b"\r\n\r\n" not in got:
-                        got += conn.recv(65536)
-                    if not got.startswith(b"POST /v1/chat/completions "):  # the exporter's health probe
-                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                        continue
-                    length = int(next(line.split(b":")[1] for line in got.split(b"\r\n")
-                                      if line.lower().startswith(b"content-length:")))
-                    while len(got.split(b"\r\n\r\n", 1)[1]) < length:
-                        got += conn.recv(65536)
-                    if received is not None:
-                        received.append(got)
-                    conn.sendall(head if head_alone.is_set() else head + chunk(events[0]))
-                    go.wait(30)
-                    rest = events if head_alone.is_set() else events[1:]
-                    conn.sendall(b"".join(chunk(e) for e in rest) + b"0\r\n\r\n")
+    def answer(conn: socket.socket, got: bytes) -> None:
+        if received is not None:
+            received.append(got)
+        conn.sendall(head if head_alone.is_set() else head + chunk(events[0]))
+        go.wait(30)
+        rest = events if head_alone.is_set() else events[1:]
+        conn.sendall(b"".join(chunk(e) for e in rest) + b"0\r\n\r\n")
 
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        server.close()
+    with loopback_upstream(answer) as url:
+        yield url
 
 
 def data_segments_in(sock: socket.socket) -> int:

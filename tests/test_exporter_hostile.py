@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import requests
 
 from specwatch.exporter import upstream
 from tests.conftest import Service
+from tests.loopback import loopback_upstream, request_headers
 from tests.test_exporter import value
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0" / "ngram"
@@ -78,38 +78,16 @@ def expected_bytes(case: str) -> bytes:
 def canned_upstream() -> Iterator[tuple[str, list[str]]]:
     """An upstream that answers each POST with `answers()[X-Test-Case]` and closes; GETs (the tap's probe) get 200.
     Yields its URL and the cases it was asked for."""
-    server = socket.create_server(("127.0.0.1", 0))
     canned = answers()
     asked: list[str] = []
 
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = server.accept()
-                with conn:
-                    got = b""
-                    while b"\r\n\r\n" not in got:
-                        more = conn.recv(65536)
-                        if not more:
-                            break
-                        got += more
-                    head = got.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
-                    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:])}
-                    length = int(headers.get("content-length", "0"))
-                    while len(got.split(b"\r\n\r\n", 1)[1]) < length:
-                        got += conn.recv(65536)
-                    if not head[0].startswith("POST "):
-                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                        continue
-                    asked.append(headers.get("x-test-case", ""))
-                    conn.sendall(canned.get(headers.get("x-test-case", ""), b"HTTP/1.1 404 Not Found\r\n"
-                                                                            b"Content-Length: 0\r\n\r\n"))
+    def answer(conn: socket.socket, got: bytes) -> None:
+        case = request_headers(got).get("x-test-case", "")
+        asked.append(case)
+        conn.sendall(canned.get(case, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"))
 
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}", asked
-    finally:
-        server.close()
+    with loopback_upstream(answer) as url:
+        yield url, asked
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["fast-relay", "python-relay"])

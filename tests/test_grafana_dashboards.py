@@ -27,9 +27,8 @@ from specwatch.grafana.key_queries import substitute
 from specwatch.monitoring import MONITORING
 from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 from specwatch.promconfig.server import PrometheusServer, Targets
-from specwatch.vllm_metrics import samples
 from specwatch.workloads import write_article_workloads
-from tests.conftest import DETAILED_SIM_ARGS, Service
+from tests.conftest import DETAILED_SIM_ARGS, Service, requests_by_variant
 
 REPO = Path(__file__).parents[1]
 COMMITTED = resources.DASHBOARDS
@@ -232,15 +231,6 @@ def evaluated_after(prom: PrometheusServer, record: str, ts: float) -> Callable[
 def at_gpu_speed(args: list[str]) -> list[str]:
     i = args.index("--sim-time-scale")
     return [*args[:i + 1], TIME_SCALE, *args[i + 2:]]
-
-
-def requests_by_variant(url: str) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for (name, labels), value in samples(requests.get(url + "/metrics", timeout=10).text).items():
-        if name == "specwatch_requests_total":
-            variant = dict(labels)["variant"]
-            totals[variant] = totals.get(variant, 0.0) + value
-    return totals
 
 
 @pytest.fixture(scope="module")

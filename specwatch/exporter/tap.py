@@ -193,6 +193,15 @@ class Tap:
         if record.ended is not None and not record.ended.done():
             record.ended.set_result(None)
 
+    def _answered(self, record: RequestRecord, status: int) -> None:
+        """The variant's upstream sent a response head: it is reachable, and a 5xx or 4xx sets the outcome."""
+        self.router.availability.reached(record.variant)
+        record.status = status
+        if status >= 500:
+            record.outcome = "upstream_error"
+        elif status >= 400:
+            record.outcome = "rejected"
+
     async def _exchange(self, request: web.Request, plan: UpstreamRequest, record: RequestRecord,
                         client: web.Request | None) -> web.StreamResponse:
         """Send the request to the record's variant; relay to `client` (None: a mirror, discard)."""
@@ -204,12 +213,7 @@ class Tap:
         try:
             async with self.session.request(request.method, url, data=plan.body,
                                             headers=_forward_headers(request.headers)) as upstream:
-                self.router.availability.reached(record.variant)
-                record.status = upstream.status
-                if upstream.status >= 500:
-                    record.outcome = "upstream_error"
-                elif upstream.status >= 400:
-                    record.outcome = "rejected"
+                self._answered(record, upstream.status)
                 return await self._relay(upstream, plan, record, client)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             record.outcome = "upstream_error"
@@ -254,12 +258,7 @@ class Tap:
                     name = type(exc).__name__ if isinstance(exc, OSError) else "TimeoutError"
                     return error_response(502, f"upstream {record.variant} failed: {name}", "BadGateway")
                 assert conn is not None
-                self.router.availability.reached(record.variant)
-                record.status = head.status
-                if head.status >= 500:
-                    record.outcome = "upstream_error"
-                elif head.status >= 400:
-                    record.outcome = "rejected"
+                self._answered(record, head.status)
 
                 def release() -> None:  # the upstream's answer is complete: its connection may serve the next one
                     nonlocal conn

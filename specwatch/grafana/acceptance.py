@@ -18,6 +18,7 @@ from specwatch.grafana.panels import (
     V,
     barchart,
     heatmap,
+    per_variant_task,
     stat,
     targets,
     thresholds,
@@ -43,23 +44,23 @@ def _per_task() -> Section:
                    f"minute, summed over requests before dividing. Higher is better; below {percent(collapsed.level)} "
                    f"for {in_words(collapsed.for_)} fires {collapsed.name}. A variant that does not speculate has no "
                    "line.",
-                   targets((f"variant_task:specwatch_acceptance_rate:ratio_{LIVE}{{{VT}}}", BY_VT)),
+                   per_variant_task(f"specwatch_acceptance_rate:ratio_{LIVE}"),
                    RATIO, min_=0, max_=1, steps=ACCEPTANCE_STEPS),
         timeseries("Mean acceptance length", "Tokens each verify step emits, the bonus token included: 1 + accepted "
                    "drafts / verify steps. 1 means every draft was rejected; the ceiling is k + 1 for k "
                    "speculative tokens.",
-                   targets((f"variant_task:specwatch_mean_acceptance_length:ratio_{LIVE}{{{VT}}}",
-                            BY_VT)), TOKENS_PER_STEP, min_=1, decimals=2),
+                   per_variant_task(f"specwatch_mean_acceptance_length:ratio_{LIVE}"),
+                   TOKENS_PER_STEP, min_=1, decimals=2),
         timeseries("Draft coverage", "Share of decode steps that carried a draft (verify steps / decode steps). "
                    "An n-gram proposer drafts only when it finds a match, so coverage is below 100 % and differs "
                    "by task; a draft model covers every step.",
-                   targets((f"variant_task:specwatch_draft_coverage:ratio_{LIVE}{{{VT}}}", BY_VT)),
+                   per_variant_task(f"specwatch_draft_coverage:ratio_{LIVE}"),
                    RATIO, min_=0, max_=1),
         timeseries("Tokens per decode step", "What speculation buys per engine step: 1 + accepted drafts / all "
                    "decode steps (with or without a draft). 1.0 is plain decoding; the speed-up in tokens per step "
                    "before the cost of drafting and verifying.",
-                   targets((f"variant_task:specwatch_tokens_per_decode_step:ratio_{LIVE}{{{VT}}}",
-                            BY_VT)), TOKENS_PER_STEP, min_=1, decimals=2),
+                   per_variant_task(f"specwatch_tokens_per_decode_step:ratio_{LIVE}"),
+                   TOKENS_PER_STEP, min_=1, decimals=2),
     ])
 
 
@@ -198,8 +199,7 @@ def _quality() -> Section:
                    f"metrics.speculative_decoding ({FAST}). Expected on a variant that does not speculate; on a "
                    "speculative one it means the per-request flag is off, a stop string cut the stream, or a gateway "
                    "dropped the field, and per-task acceptance is blind.",
-                   targets((f"variant_task:specwatch_spec_metrics_missing:ratio_{LIVE}{{{VT}}}",
-                            BY_VT)), RATIO, w=8, min_=0, max_=1),
+                   per_variant_task(f"specwatch_spec_metrics_missing:ratio_{LIVE}"), RATIO, w=8, min_=0, max_=1),
         stat("Missing spec-decode metrics (count)", "How many ok responses in the dashboard's time range had no "
              "metrics.speculative_decoding, per variant and task. 0 on speculative variants is the healthy state.",
              targets((f"sum by (variant, task) (increase({S.exporter.spec_metrics_missing}{{{VT}}}[$__range]))",

@@ -17,6 +17,7 @@ from specwatch.grafana.panels import (
     VT,
     Json,
     V,
+    per_variant_task,
     stat,
     table,
     targets,
@@ -75,8 +76,8 @@ def _throughput() -> Section:
         timeseries("Per-stream speed", "Output tokens per second of request time (completion tokens / summed "
                    "end-to-end seconds), per variant and task: the speed one client sees, independent of how much "
                    "traffic the variant gets.",
-                   targets((f"variant_task:specwatch_output_tokens_per_request_second:ratio_{LIVE}{{{VT}}}",
-                            BY_VT)), TOKENS_PER_S, w=8, min_=0),
+                   per_variant_task(f"specwatch_output_tokens_per_request_second:ratio_{LIVE}"),
+                   TOKENS_PER_S, w=8, min_=0),
         timeseries("Requests per second", "Requests through the exporter per variant and task (every outcome), and "
                    "requests vLLM finished per variant and finish reason (filtered by model).",
                    targets((f"variant_task:specwatch_requests:{LIVE}{{{VT}}}", "exporter " + BY_VT),
@@ -127,7 +128,7 @@ def _errors() -> Section:
         timeseries("Error ratio", "Upstream errors and malformed responses / all requests through the exporter, "
                    f"per variant and task ({S.fast.duration}). Client aborts and rejected requests are not errors of "
                    "the server.",
-                   targets((f"variant_task:specwatch_error:ratio_{LIVE}{{{VT}}}", BY_VT)),
+                   per_variant_task(f"specwatch_error:ratio_{LIVE}"),
                    RATIO, w=16, min_=0, steps=thresholds(GREEN, (0.01, ORANGE), (0.05, RED))),
         stat("Upstream health", "The exporter's periodic /health probe of each variant: UP or DOWN (DOWN for "
              f"{in_words(A.upstream_down.for_)} fires {A.upstream_down.name} and requests to it fail with 502).",

@@ -50,6 +50,12 @@ def targets(*pairs: tuple[str, str]) -> list[Json]:
     return [target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
 
 
+def per_variant_task(record: str) -> list[Json]:
+    """The range target of a `variant_task:` recording rule (`record`: the rest of its name), one series per variant
+    and task, filtered by both variables."""
+    return targets((f"variant_task:{record}{{{VT}}}", BY_VT))
+
+
 def _base(kind: str, title: str, description: str, tgts: list[Json], unit: str, w: int, h: int) -> Json:
     return {"type": kind, "title": title, "description": description, "datasource": DATASOURCE,
             "gridPos": {"h": h, "w": w, "x": 0, "y": 0}, "targets": tgts,

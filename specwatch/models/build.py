@@ -90,11 +90,8 @@ def _package_info(home: Home) -> dict[str, str]:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _write_provenance(folder: Path, record: dict[str, object]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -47,13 +47,19 @@ def _labels(**kw: str) -> Labels:
 # --- the scenario (counter slopes per 15 s sample interval) -------------------------------------
 
 @dataclass(frozen=True)
-class Engine:
-    """One vLLM engine's counter slopes and gauge values."""
+class SpecCounters:
+    """The speculative-decoding counter slopes vLLM (per engine) and the exporter (per variant and task) both keep."""
 
-    drafts: int
+    steps: int  # verify steps that carried a draft (vLLM's num_drafts)
     draft_tokens: int
     accepted: int
     per_pos: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Engine(SpecCounters):
+    """One vLLM engine's counter slopes and gauge values."""
+
     generation: int
     success: dict[str, int]
     preemptions: int
@@ -63,13 +69,9 @@ class Engine:
 
 
 @dataclass(frozen=True)
-class TaskCounters:
+class TaskCounters(SpecCounters):
     """The exporter's counter slopes for one variant and task."""
 
-    steps: int
-    draft_tokens: int
-    accepted: int
-    per_pos: tuple[int, ...]
     by_accepted: tuple[int, ...]
     decode: int
     completion: int
@@ -150,10 +152,20 @@ def input_series() -> list[tuple[str, str]]:
     def counter(name: str, labels: dict[str, str], slope: int, resets: bool) -> None:
         out.append((_series(name, labels), _counter_values(slope, resets)))
 
+    def histograms(families: Mapping[str, tuple[float, ...]], counts: tuple[tuple[int, ...], int],
+                   labels: dict[str, str], resets: bool) -> None:
+        """Bucket, count and sum series of each histogram family: `counts` is (cumulative bucket slopes, sum slope)."""
+        cumulative, sum_slope = counts
+        for metric, bounds in families.items():
+            for bound, n in zip((*map(_le, bounds), "+Inf"), cumulative, strict=True):
+                counter(f"{metric}_bucket", {**labels, "le": bound}, n, resets)
+            counter(f"{metric}_count", labels, cumulative[-1], resets)
+            counter(f"{metric}_sum", labels, sum_slope, resets)
+
     for (variant, engine), c in VLLM_ENGINES.items():
         base = {"job": S.jobs.vllm, "variant": variant, "model_name": "spec-demo", "engine": engine}
         rs = _resets(variant)
-        counter("vllm:spec_decode_num_drafts_total", base, c.drafts, rs)
+        counter("vllm:spec_decode_num_drafts_total", base, c.steps, rs)
         counter("vllm:spec_decode_num_draft_tokens_total", base, c.draft_tokens, rs)
         counter("vllm:spec_decode_num_accepted_tokens_total", base, c.accepted, rs)
         for p, slope in enumerate(c.per_pos):
@@ -162,12 +174,7 @@ def input_series() -> list[tuple[str, str]]:
         for reason, slope in c.success.items():
             counter("vllm:request_success_total", {**base, "finished_reason": reason}, slope, rs)
         counter("vllm:num_preemptions_total", base, c.preemptions, rs)
-        cumulative, sum_slope = VLLM_HIST_COUNTS[(variant, engine)]
-        for metric, bounds in VLLM_HIST_BOUNDS.items():
-            for bound, n in zip((*map(_le, bounds), "+Inf"), cumulative, strict=True):
-                counter(f"{metric}_bucket", {**base, "le": bound}, n, rs)
-            counter(f"{metric}_count", base, cumulative[-1], rs)
-            counter(f"{metric}_sum", base, sum_slope, rs)
+        histograms(VLLM_HIST_BOUNDS, VLLM_HIST_COUNTS[(variant, engine)], base, rs)
         for name, value in (("vllm:kv_cache_usage_perc", c.kv), ("vllm:num_requests_running", c.running),
                             ("vllm:num_requests_waiting", c.waiting)):
             out.append((_series(name, base), f"{value}+0x{STEPS}"))
@@ -193,12 +200,7 @@ def input_series() -> list[tuple[str, str]]:
         if e.mirror is not None:
             for result, slope in zip(("identical", "different"), e.mirror, strict=True):
                 counter("specwatch_mirror_outputs_total", {**base, "result": result}, slope, rs)
-        cumulative, sum_slope = EXPORTER_HIST_COUNTS[(variant, task)]
-        for metric, bounds in EXPORTER_HIST_BOUNDS.items():
-            for bound, n in zip((*map(_le, bounds), "+Inf"), cumulative, strict=True):
-                counter(f"{metric}_bucket", {**base, "le": bound}, n, rs)
-            counter(f"{metric}_count", base, cumulative[-1], rs)
-            counter(f"{metric}_sum", base, sum_slope, rs)
+        histograms(EXPORTER_HIST_BOUNDS, EXPORTER_HIST_COUNTS[(variant, task)], base, rs)
 
     def constant(name: str, labels: dict[str, str], value: float) -> None:
         out.append((_series(name, labels), f"{'+Inf' if value == math.inf else repr(value)}+0x{STEPS}"))
@@ -265,7 +267,8 @@ class Oracle:
         self.vt: dict[str, Expected] = {}
         for (variant, _engine), c in VLLM_ENGINES.items():
             k = _labels(variant=variant)
-            for key in ("drafts", "draft_tokens", "accepted", "generation", "preemptions"):
+            self._add(self.v, "drafts", k, c.steps)
+            for key in ("draft_tokens", "accepted", "generation", "preemptions"):
                 self._add(self.v, key, k, getattr(c, key))
             self._add(self.v, "success", k, sum(c.success.values()))
             for p, s in enumerate(c.per_pos):

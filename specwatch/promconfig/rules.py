@@ -110,19 +110,28 @@ def _rate_rule(level: str, by: str, family: str, window: str, comment: str) -> R
                          "rate")
 
 
+def _rate_rules(level: str, by: str, window: str, table: tuple[tuple[str, str, str, str], ...]
+                ) -> dict[str, RecordingRule]:
+    """`_rate_rule` for each (key, extra label, family, comment) of `table`, by key: an extra label joins the
+    level and `by` (`variant_position`, `variant, position`)."""
+    return {key: _rate_rule(f"{level}_{extra}" if extra else level, f"{by}, {extra}" if extra else by, family,
+                            window, comment)
+            for key, extra, family, comment in table}
+
+
 def vllm_rules(window: str) -> list[RecordingRule]:
     """Server side, per variant, from vLLM 0.32.0's own families (summed over engines and replicas)."""
     by = "variant"
-    steps = _rate_rule(by, by, V.drafts, window, "Drafts (verify steps that carried a draft) per second.")
-    draft_tokens = _rate_rule(by, by, V.draft_tokens, window, "Draft tokens proposed per second.")
-    accepted = _rate_rule(by, by, V.accepted, window,
-                          "Draft tokens accepted per second (the bonus token not included).")
-    per_pos = _rate_rule("variant_position", "variant, position", V.accepted_per_pos, window,
-                         "Steps per second that accepted the draft at position p (0-based) and all before it.")
-    names = {"steps": steps.record, "draft_tokens": draft_tokens.record, "accepted": accepted.record,
-             "per_pos": per_pos.record}
+    rates = _rate_rules(by, by, window, (
+        ("steps", "", V.drafts, "Drafts (verify steps that carried a draft) per second."),
+        ("draft_tokens", "", V.draft_tokens, "Draft tokens proposed per second."),
+        ("accepted", "", V.accepted, "Draft tokens accepted per second (the bonus token not included)."),
+        ("per_pos", "position", V.accepted_per_pos,
+         "Steps per second that accepted the draft at position p (0-based) and all before it."),
+    ))
+    names = {key: rule.record for key, rule in rates.items()}
     rules = [
-        steps, draft_tokens, accepted, per_pos,
+        *rates.values(),
         *_acceptance_rules("variant", "vllm_spec_decode", by, window, names),
         _rate_rule(by, by, V.generation_tokens, window, "Output tokens per second."),
         _rate_rule(by, by, V.request_success, window, "Finished requests per second (every finished_reason)."),
@@ -150,56 +159,53 @@ def exporter_rules(window: str) -> list[RecordingRule]:
     """Per variant and task, from the exporter's per-request sums."""
     r = f"rate{window}"
     by, level = "variant, task", "variant_task"
-    steps = _rate_rule(level, by, E.spec_steps, window,
-                       "Verify steps with a draft per second (sum of the per-request R).")
-    draft_tokens = _rate_rule(level, by, E.draft_tokens, window, "Draft tokens per second (sum of the per-request D).")
-    accepted = _rate_rule(level, by, E.accepted, window,
-                          "Accepted draft tokens per second (sum of the per-request C).")
-    per_pos = _rate_rule("variant_task_position", "variant, task, position", E.accepted_per_pos, window,
-                         "Steps per second that accepted position p and all before it.")
-    reaching = _rate_rule("variant_task_position", "variant, task, position", E.drafts_reaching, window,
-                          "Verify steps per second whose draft had at least p + 1 tokens (vLLM's detailed mode).")
-    without_per_step = _rate_rule(level, by, E.steps_without_per_step, window,
-                                  "Verify steps per second that came without per-step data (vLLM's summary mode).")
-    decode = _rate_rule(level, by, E.decode_steps, window, "Decode steps per second, with or without a draft.")
-    completion = _rate_rule(level, by, E.completion_tokens, window,
-                            "Output tokens per second (usage.completion_tokens).")
-    by_accepted = _rate_rule("variant_task_accepted", "variant, task, accepted", E.spec_steps_by_accepted, window,
-                             "Verify steps per second that accepted exactly `accepted` drafts.")
-    requests = _rate_rule(level, by, E.requests, window, "Requests per second through the tap, every outcome.")
-    names = {"steps": steps.record, "draft_tokens": draft_tokens.record, "accepted": accepted.record,
-             "per_pos": per_pos.record}
+    rates = _rate_rules(level, by, window, (
+        ("steps", "", E.spec_steps, "Verify steps with a draft per second (sum of the per-request R)."),
+        ("draft_tokens", "", E.draft_tokens, "Draft tokens per second (sum of the per-request D)."),
+        ("accepted", "", E.accepted, "Accepted draft tokens per second (sum of the per-request C)."),
+        ("per_pos", "position", E.accepted_per_pos, "Steps per second that accepted position p and all before it."),
+        ("reaching", "position", E.drafts_reaching,
+         "Verify steps per second whose draft had at least p + 1 tokens (vLLM's detailed mode)."),
+        ("without_per_step", "", E.steps_without_per_step,
+         "Verify steps per second that came without per-step data (vLLM's summary mode)."),
+        ("decode", "", E.decode_steps, "Decode steps per second, with or without a draft."),
+        ("completion", "", E.completion_tokens, "Output tokens per second (usage.completion_tokens)."),
+        ("by_accepted", "accepted", E.spec_steps_by_accepted,
+         "Verify steps per second that accepted exactly `accepted` drafts."),
+        ("requests", "", E.requests, "Requests per second through the tap, every outcome."),
+    ))
+    names = {key: rule.record for key, rule in rates.items()}
     errors, ok = f'{{outcome=~"{S.error_outcome_regex()}"}}', '{outcome="ok"}'
     identical = '{result="identical"}'
     rules = [
-        steps, draft_tokens, accepted, per_pos, reaching, without_per_step, decode, completion, by_accepted, requests,
+        *rates.values(),
         *_acceptance_rules(level, "specwatch", by, window, names),
         RecordingRule(f"variant_task_position:specwatch_acceptance_of_reached:ratio_{r}",
-                      f"{per_pos.record}\n/\n{_positive(reaching.record)}\nand on (variant, task)\n"
-                      f"({without_per_step.record} == 0)",
+                      f"{names['per_pos']}\n/\n{_positive(names['reaching'])}\nand on (variant, task)\n"
+                      f"({names['without_per_step']} == 0)",
                       "Acceptance of drafts that reached position p: steps accepting p / steps whose draft had "
                       "p + 1 tokens (a draft too short to reach p is no rejection there). Only where no verify "
                       "step of the window came without per-step data (detailed mode throughout).",
                       "ratio"),
         RecordingRule(f"variant_task:specwatch_draft_coverage:ratio_{r}",
-                      f"{steps.record}\n/\n{_positive(decode.record)}",
+                      f"{names['steps']}\n/\n{_positive(names['decode'])}",
                       "Draft coverage: share of decode steps that carried a draft.", "ratio"),
         RecordingRule(f"variant_task:specwatch_tokens_per_decode_step:ratio_{r}",
-                      f"1 + {accepted.record}\n/\n{_positive(decode.record)}",
+                      f"1 + {names['accepted']}\n/\n{_positive(names['decode'])}",
                       "Effective tokens per decode step: 1 + accepted drafts / decode steps.", "ratio"),
         RecordingRule(f"variant_task_accepted:specwatch_acceptance_length_share:ratio_{r}",
-                      f"{by_accepted.record}\n/ ignoring (accepted) group_left ()\n{_positive(steps.record)}",
+                      f"{names['by_accepted']}\n/ ignoring (accepted) group_left ()\n{_positive(names['steps'])}",
                       "Acceptance-length distribution: share of verify steps that accepted exactly `accepted` "
                       "drafts.", "ratio"),
         RecordingRule(f"variant_task:specwatch_error:ratio_{r}",
-                      f"{_sum_rate(E.requests, by, window, errors)}\n/\n{_positive(requests.record)}",
+                      f"{_sum_rate(E.requests, by, window, errors)}\n/\n{_positive(names['requests'])}",
                       "Error ratio: upstream errors and bad responses / all requests.", "ratio"),
         RecordingRule(f"variant_task:specwatch_spec_metrics_missing:ratio_{r}",
                       f"{_sum_rate(E.spec_metrics_missing, by, window)}\n/\n"
                       f"{_positive(_sum_rate(E.requests, by, window, ok))}",
                       "Share of ok responses that came without metrics.speculative_decoding.", "ratio"),
         RecordingRule(f"variant_task:specwatch_output_tokens_per_request_second:ratio_{r}",
-                      f"{completion.record}\n/\n{_positive(_sum_rate(E.e2e + '_sum', by, window))}",
+                      f"{names['completion']}\n/\n{_positive(_sum_rate(E.e2e + '_sum', by, window))}",
                       "Output tokens per second of request time (a per-stream speed, independent of the traffic "
                       "share).", "ratio"),
         RecordingRule(f"variant_task:specwatch_mirror_identical:ratio_{r}",

@@ -129,20 +129,19 @@ class PrometheusServer:
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         """An instant query; the vector's samples as {"metric": labels, "value": [ts, "v"]}."""
         params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
-        resp = requests.get(self.url + "/api/v1/query", params=params, timeout=30)
-        body = resp.json()
-        if resp.status_code != 200 or body.get("status") != "success":
-            raise PrometheusError(f"query {expr!r}: {body.get('error', resp.text[:300])}")
-        result: list[dict[str, Any]] = body["data"]["result"]
-        return result
+        return self._result("query", params, timeout=30)
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """A range query; the matrix's series as {"metric": labels, "values": [[ts, "v"], ...]}."""
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        resp = requests.get(self.url + "/api/v1/query_range", params=params, timeout=60)
+        return self._result("query_range", params, timeout=60)
+
+    def _result(self, endpoint: str, params: dict[str, str], timeout: float) -> list[dict[str, Any]]:
+        """`data.result` of a GET on /api/v1/<endpoint>; a PrometheusError where the query failed."""
+        resp = requests.get(f"{self.url}/api/v1/{endpoint}", params=params, timeout=timeout)
         body = resp.json()
         if resp.status_code != 200 or body.get("status") != "success":
-            raise PrometheusError(f"query_range {expr!r}: {body.get('error', resp.text[:300])}")
+            raise PrometheusError(f"{endpoint} {params['query']!r}: {body.get('error', resp.text[:300])}")
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
 
