@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from specwatch.load.results import STOPPED_MID_REQUEST
 from specwatch.net import free_port
 from specwatch.workloads import write_article_workloads
+from tests.conftest import NGRAM_SIM_ARGS
 from tests.test_exporter import value
 
 LOCUSTFILE = Path(__file__).parents[1] / "loadgen" / "locustfile.py"
@@ -161,3 +163,50 @@ def test_web_ui_master_stops_the_run_when_its_workers_are_done_and_keeps_them(si
     assert master.wait(30) == 0, logs(tmp_path)
     for proc in procs:
         assert proc.wait(30) == 0, logs(tmp_path)
+
+
+def test_a_stop_mid_stream_is_counted_alike_by_locust_and_the_exporter(sim_factory, service_factory, locust,
+                                                                       tmp_path):
+    """Stop with Locust's default --stop-timeout 0 (as compose starts it) cuts the requests in flight: each is a
+    failure "stopped mid-request" in Locust and in the results file, and a client_abort at the exporter."""
+    slow = sim_factory([*NGRAM_SIM_ARGS[:-1], "1"])  # H200 step times: a 256-token answer streams for seconds
+    tap = service_factory("exporter", ["--upstream", f"baseline={slow.url}"])
+    web = free_port()
+    url = f"http://127.0.0.1:{web}"
+    data = tmp_path / "data"
+    data.mkdir()
+    write_article_workloads(data)
+    results = tmp_path / "requests.jsonl"
+    master = locust("standalone", ["--web-host=127.0.0.1", f"--web-port={web}", f"--host={tap.url}",
+                                   f"--workloads=code={data / 'code.jsonl'}", "--max-tokens=256", "--ignore-eos",
+                                   f"--results-file={results}"])
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/", timeout=1).ok:
+                break
+        except requests.RequestException:
+            time.sleep(0.2)
+    assert requests.post(f"{url}/swarm", data={"user_count": 4, "spawn_rate": 4}, timeout=10).json()["success"]
+    # stop while four answers stream: after the first has finished, so each user is inside its next one
+    while value(tap.url, "specwatch_requests_total") < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    requests.post(f"{url}/stop", timeout=10)
+    report: dict = {}
+    while time.monotonic() < deadline:  # the exporter counts a cut when its next write fails: soon, not at once
+        report = requests.get(f"{url}/stats/requests", timeout=5).json()
+        aggregated = next(s for s in report["stats"] if s["name"] == "Aggregated")
+        if report["state"] == "stopped" and aggregated["num_requests"] == value(tap.url, "specwatch_requests_total"):
+            break
+        time.sleep(0.5)
+    aggregated = next(s for s in report["stats"] if s["name"] == "Aggregated")
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    cut = [r for r in lines if r["error"] == STOPPED_MID_REQUEST]
+    assert aggregated["num_requests"] == value(tap.url, "specwatch_requests_total") == len(lines), \
+        (aggregated, lines, logs(tmp_path))
+    assert len(cut) >= 1 and aggregated["num_failures"] == len(cut), (aggregated, cut)
+    assert value(tap.url, "specwatch_requests_total", outcome="client_abort") >= 1
+    assert any("stopped mid-request" in e["error"] for e in report["errors"]), report["errors"]
+    master.terminate()
+    assert master.wait(30) == 1, logs(tmp_path)  # Locust's exit code when a request failed (--exit-code-on-error)

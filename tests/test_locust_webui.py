@@ -140,7 +140,7 @@ def test_web_ui_shows_requests_latencies_and_acceptance_each_where_it_belongs(si
     cmd = [sys.executable, "-m", "locust", "-f", str(REPO / "loadgen" / "locustfile.py"),
            "--web-host", "127.0.0.1", "--web-port", str(port), "--host", tap.url,
            "--workloads", workloads, "--max-tokens", str(MAX_TOKENS),
-           "--stop-timeout", "10",  # as compose starts it: Stop lets the requests in flight finish
+           "--stop-timeout", "10",  # Stop lets the requests in flight finish (tests/test_finish.py: a cut)
            "--loglevel", "DEBUG"]  # the runner's "Stopping Greenlet-N" lines: what a slow stop waited for
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)

@@ -40,7 +40,7 @@ from locust.exception import StopUser
 
 from specwatch.load import webui
 from specwatch.load.finish import plan_sent
-from specwatch.load.results import RequestResult
+from specwatch.load.results import STOPPED_MID_REQUEST, RequestResult
 from specwatch.workloads import Row, load_jsonl
 
 
@@ -140,7 +140,10 @@ def _final_csv(**_: Any) -> None:
         gevent.sleep(locust.stats.CSV_STATS_INTERVAL_SEC + 0.2)
 
 
-STOPPED_MID_REQUEST = "stopped mid-request: the run ended before the answer did (the exporter counts a client_abort)"
+def _write(result: RequestResult) -> None:
+    if RESULTS is not None:
+        RESULTS.write(result.line())
+        RESULTS.flush()
 
 
 def _whole(response: ResponseContextManager, started: float) -> None:
@@ -181,9 +184,7 @@ class ChatUser(FastHttpUser):
             result = self._request(name, row, warmup)
         finally:
             plan.in_flight -= 1
-        if RESULTS is not None:
-            RESULTS.write(result.line())
-            RESULTS.flush()
+        _write(result)
 
     def _request(self, name: str, row: Row, warmup: bool) -> RequestResult:
         options = self.environment.parsed_options
@@ -246,6 +247,8 @@ class ChatUser(FastHttpUser):
             except GreenletExit:  # the run was stopped mid-stream (past --stop-timeout): the exporter saw it leave
                 _whole(response, started)
                 response.failure(STOPPED_MID_REQUEST)
+                result.error, result.end = STOPPED_MID_REQUEST, time.time()
+                _write(result)  # a request that left is on record, as in Locust's and the exporter's counts
                 raise
         result.end = time.time()
         if first is not None:

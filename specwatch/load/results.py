@@ -18,6 +18,8 @@ from typing import Any
 
 from specwatch.acceptance import Acceptance
 
+# A request cut by the run's stop (Locust kills the user mid-stream): a failure here, a client_abort at the exporter.
+STOPPED_MID_REQUEST = "stopped mid-request: the run ended before the answer did (the exporter counts a client_abort)"
 
 @dataclass
 class RequestResult:
