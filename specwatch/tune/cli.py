@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -133,7 +134,7 @@ def _measure(home: Home, run: Path, config: Mapping[str, Any], console: Console)
     """The proof's variant `dynamic`: the recommended config measured in the sweep's folder; its exit code."""
     console.print("the proof: measuring the recommended config as the variant `dynamic` of the sweep's run")
     try:
-        result = dynamic.measure(run, config, home, console)
+        result = dynamic.measure(run, config, home, os.environ, console)
     except (PlanError, RunConflict) as exc:
         print(f"specwatch tune: {run}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -8,7 +8,6 @@ as `tune.sweep.load` does every cell. Prometheus records it where it recorded th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +21,8 @@ from specwatch.experiment.plan import DYNAMIC, PlanError, Variant, parse_plan, s
 from specwatch.experiment.runner import RunOptions, RunResult, run_plan, stop_on_sigterm
 
 
-def measure(root: Path, config: Mapping[str, Any], home: Home, console: Console) -> RunResult:
+def measure(root: Path, config: Mapping[str, Any], home: Home, environ: Mapping[str, str],
+            console: Console) -> RunResult:
     """Measure `config` as the variant `dynamic` of the sweep run at `root`; PlanError where its plan no longer
     loads, RunConflict where the folder does not fit (its task files changed)."""
     run = RunFolder(root)
@@ -33,7 +33,7 @@ def measure(root: Path, config: Mapping[str, Any], home: Home, console: Console)
     plan = parse_plan(text, root, home, inputs=run.inputs)
     first = plan.variants[0]
     dynamic = Variant(DYNAMIC, plan.model, dict(config), first.backend, first.args, sweep_variant_name(0))
-    options = RunOptions(root.parent, root.name, home, resume=True, environ=dict(os.environ),
+    options = RunOptions(root.parent, root.name, home, resume=True, environ=dict(environ),
                          prometheus="prometheus" if run.prometheus.exists() else None)
     stop_on_sigterm()
     return run_plan(replace(plan, variants=(dynamic,)), options, console)
