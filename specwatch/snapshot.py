@@ -105,6 +105,10 @@ class Difference:
     by_task: dict[tuple[str, str], Figures] = field(default_factory=dict)   # exporter: (variant, task)
     counters: dict[Key, float] = field(default_factory=dict)                # every counter's increase
 
+    def increase(self, name: str, **labels: str) -> float:
+        """The summed increase of counter `name` over the series that carry every one of `labels`."""
+        return _sum(self.counters, name, labels)
+
     def as_dict(self) -> dict[str, Any]:
         return {"url": self.url, "seconds": self.seconds,
                 "server": self.server.as_dict() if self.server else None,

@@ -64,25 +64,26 @@ def runner_states_until_stopped(url: str, until: float) -> list[tuple[float, str
     return seen
 
 
-def table(page: Page) -> dict[tuple[str, str], dict[str, str]]:
-    """The statistics table as {(Type, Name): {column header: cell text}}, read from the DOM."""
+def cells(page: Page) -> list[dict[str, str]]:
+    """The visible table's rows as {column header: cell text}, read from the DOM."""
     headers: list[str] = page.locator("table thead th").all_inner_texts()
-    cells: list[list[str]] = page.locator("table tbody tr").evaluate_all(
+    rows: list[list[str]] = page.locator("table tbody tr").evaluate_all(
         "rows => rows.map(r => Array.from(r.cells, c => c.textContent.trim()))")
-    named = [dict(zip([" ".join(h.split()) for h in headers], row, strict=False)) for row in cells]
-    return {(row.get("Type", ""), row.get("Name", "")): row for row in named}
+    return [dict(zip([" ".join(h.split()) for h in headers], row, strict=False)) for row in rows]
+
+
+def table(page: Page) -> dict[tuple[str, str], dict[str, str]]:
+    """The statistics table as {(Type, Name): {column header: cell text}}."""
+    return {(row.get("Type", ""), row.get("Name", "")): row for row in cells(page)}
 
 
 def open_tab(page: Page, name: str) -> dict[tuple[str, str], dict[str, str]]:
     """Click the tab, wait for its table to have rows, return them keyed by their first two columns."""
     page.get_by_role("tab", name=name, exact=True).click()
     page.locator("table tbody tr").first.wait_for()
-    headers: list[str] = page.locator("table thead th").all_inner_texts()
-    cells: list[list[str]] = page.locator("table tbody tr").evaluate_all(
-        "rows => rows.map(r => Array.from(r.cells, c => c.textContent.trim()))")
-    named = [dict(zip([" ".join(h.split()) for h in headers], row, strict=False)) for row in cells]
-    first, second = [" ".join(h.split()) for h in headers[:2]]
-    return {(row[first], row[second]): row for row in named}
+    rows = cells(page)
+    first, second = list(rows[0])[:2]
+    return {(row[first], row[second]): row for row in rows}
 
 
 def shoot(page: Page, tab: str) -> None:
@@ -227,8 +228,7 @@ def test_web_ui_shows_requests_latencies_and_acceptance_each_where_it_belongs(si
     window = snapshot.diff(before, after)
 
     def counted(name: str, **labels: str) -> int:
-        return round(sum(v for (n, ls), v in window.counters.items()
-                         if n == name and all((k, v2) in ls for k, v2 in labels.items())))
+        return round(window.increase(name, **labels))
 
     lines = [json.loads(line) for line in results.read_text().splitlines()]
     # Statistics: the Aggregated row is the requests, as many as the exporter counted, as many as were sent

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from specwatch.snapshot import Difference, Snapshot, SnapshotError, diff, take
@@ -26,7 +27,6 @@ COLUMNS = (("variant", "Variant"), ("task", "Task"), ("ok", "Requests ok"), ("fa
            ("share", "Drafted share of decode steps"), ("positions", "By position, per draft"),
            ("reached", "By position, of drafts that reached it"), ("accepted", "C"), ("drafted", "D"),
            ("steps", "R"), ("source", "Source"))
-Labels = tuple[tuple[str, str], ...]
 
 
 def _clock(epoch: float) -> str:
@@ -41,51 +41,39 @@ def _positions(values: list[float | None]) -> str:
     return " · ".join(_number(v) for v in values) if values else NONE
 
 
-def _labelled(counters: dict[tuple[str, Labels], float], name: str) -> dict[tuple[str, str], dict[str, float]]:
-    """{(variant, task): {other label's value or "": increase}} for one counter family."""
-    out: dict[tuple[str, str], dict[str, float]] = {}
-    for (n, labels), value in counters.items():
-        if n != name:
-            continue
-        d = dict(labels)
-        rest = "".join(v for k, v in labels if k not in ("variant", "task"))
-        pair = out.setdefault((d.get("variant", ""), d.get("task", "")), {})
-        pair[rest] = pair.get(rest, 0.0) + value
-    return out
-
-
 def rows(difference: Difference, source: str) -> list[dict[str, str]]:
     """One row per (variant, task) that saw a request in the window; vLLM's server-wide figures when the
     endpoint is vLLM's own (no specwatch families)."""
-    counters = difference.counters
-    outcomes = _labelled(counters, "specwatch_requests_total")
-    decode = _labelled(counters, "specwatch_decode_steps_total")
-    reaching = _labelled(counters, "specwatch_drafts_reaching_pos_total")
-    without = _labelled(counters, "specwatch_spec_steps_without_per_step_total")
+    requests = "specwatch_requests_total"
+    pairs = sorted({(dict(ls)["variant"], dict(ls)["task"]) for name, ls in difference.counters if name == requests})
     out = []
-    for pair in sorted(p for p, by_outcome in outcomes.items() if sum(by_outcome.values()) > 0):
-        figures = difference.by_task.get(pair)
-        ok = outcomes[pair].get("ok", 0.0)
-        row = {"variant": pair[0], "task": pair[1], "ok": f"{ok:.0f}",
-               "failed": f"{sum(outcomes[pair].values()) - ok:.0f}", "source": source}
+    for variant, task in pairs:
+        increase = partial(difference.increase, variant=variant, task=task)
+        sent = increase(requests)
+        if not sent:
+            continue
+        ok = increase(requests, outcome="ok")
+        figures = difference.by_task.get((variant, task))
+        row = {"variant": variant, "task": task, "ok": f"{ok:.0f}", "failed": f"{sent - ok:.0f}", "source": source}
         if figures is None or not figures.steps:
             row.update(dict.fromkeys(("rate", "length", "share", "positions", "reached"), NONE))
             row.update(accepted=f"{figures.accepted if figures else 0:.0f}",
                        drafted=f"{figures.draft_tokens if figures else 0:.0f}", steps="0")
             out.append(row)
             continue
-        decode_steps = sum(decode.get(pair, {}).values())
-        reach = reaching.get(pair, {})
-        detailed = not sum(without.get(pair, {}).values()) and reach
-        of_reached = [figures.per_position[i] / reach[str(i)] if reach.get(str(i)) else None
-                      for i in range(len(figures.per_position))] if detailed else []
+        decode_steps = increase("specwatch_decode_steps_total")
+        reach = [increase("specwatch_drafts_reaching_pos_total", position=str(i))
+                 for i in range(len(figures.per_position))]
+        detailed = not increase("specwatch_spec_steps_without_per_step_total") and any(reach)
+        of_reached = ([p / n if n else None for p, n in zip(figures.per_position, reach, strict=True)]
+                      if detailed else [])
         row.update(rate=_number(figures.acceptance_rate), length=_number(figures.mean_acceptance_length, 2),
                    share=_number(figures.steps / decode_steps if decode_steps else None),
                    positions=_positions(list(figures.per_position_rate)), reached=_positions(of_reached),
                    accepted=f"{figures.accepted:.0f}", drafted=f"{figures.draft_tokens:.0f}",
                    steps=f"{figures.steps:.0f}")
         out.append(row)
-    if not outcomes and difference.server is not None:  # vLLM's own /metrics: every task together
+    if not pairs and difference.server is not None:  # vLLM's own /metrics: every task together
         s = difference.server
         out.append({"variant": "server-wide (vLLM)", "task": "all tasks", "ok": NONE, "failed": NONE,
                     "rate": _number(s.acceptance_rate), "length": _number(s.mean_acceptance_length, 2),
