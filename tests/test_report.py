@@ -168,24 +168,32 @@ class Study:
     hog: tuple[float, float] | None  # when the planted hog ran (Unix seconds), if one did
 
 
-def run_study(home: Home, folder: Path, plan: str, hog_seconds: float | None = None) -> Study:
-    """The study as `make demo` runs it (`specwatch experiment`, its own process); with `hog_seconds`, one busy
-    process per core planted from the first performance block on, for that long."""
+def run_study(home: Home, folder: Path, plan: str, hog_blocks: int | None = None) -> Study:
+    """The study as `make demo` runs it (`specwatch experiment`, its own process); with `hog_blocks`, one busy
+    process per core planted from the first performance block on until `hog_blocks` more blocks have started, so
+    the blocks between lie wholly under it however slow the machine (a hog timed in seconds covered no whole block
+    on CI's slower machine)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "plan.yaml").write_text(plan)
     run = folder / "r" / "s"
     command = [sys.executable, "-m", "specwatch.cli", "--home", str(home.root), "experiment", str(folder / "plan.yaml"),
                "--out", str(folder / "r"), "--run-id", "s"]
     window: tuple[float, float] | None = None
+
+    def blocks_started() -> int:
+        return len(list(run.glob("variants/*/perf/c*/rounds/r*")))
+
     with (folder / "experiment.log").open("wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
-            if hog_seconds is not None:
-                while proc.poll() is None and not list(run.glob("variants/*/perf/c*/rounds/r1")):
+            if hog_blocks is not None:
+                while proc.poll() is None and not blocks_started():
                     time.sleep(0.5)
-                with Hog(hog_seconds) as hog:
-                    while hog.running and proc.poll() is None:
+                first = blocks_started()
+                with Hog(seconds=1200) as hog:  # ends itself after 20 minutes should this loop never return
+                    while hog.running and proc.poll() is None and blocks_started() < first + hog_blocks:
                         time.sleep(0.5)
+                    assert hog.running, "the hog ended by its own deadline before the blocks it was to cover"
                 assert hog.started is not None
                 window = (hog.started, time.time())
             proc.wait(timeout=1800)
@@ -267,10 +275,10 @@ def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, cpu_study
                         r"rounds, n = 20 / 20: ", tpot.text), tpot.text
         shift = tpot.comparison.effect
         assert shift.low <= shift.estimate <= shift.high, shift
-        # named either way: "drift: baseline TPOT ..." or, where the rounds disagree, "the machine drifted: the
-        # rounds disagree on ...: no decision (baseline TPOT ...)"
-        assert re.search(r"(drift: |the machine drifted: [^;]*\()baseline TPOT [+-]\d+ % between round \d and "
-                         r"round \d", v.reason), v.reason
+        # named either way: "drift: baseline TPOT ..." or, where a side moved or the rounds disagree, "the machine
+        # drifted: <what moved>; ...: no decision (baseline TPOT ...)" (CI's machine: "ngram TPOT -75 % between ...")
+        assert re.search(r"(drift: |the machine drifted: .*: no decision \()baseline TPOT [+-]\d+ % between round \d "
+                         r"and round \d", v.reason), v.reason
         # the acceptance pass's 8 requests per task give acceptance its interval over requests
         if v.variant != "suffix" or "acceptance" in v.reason:
             assert re.search(rf"acceptance \d+% \[\d+%, \d+%\], n = {rows} requests", v.reason), v.reason
@@ -309,10 +317,11 @@ def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, cpu_study
 @pytest.mark.real_vllm
 def test_a_cpu_hog_in_the_study_changes_no_verdict_but_to_inconclusive_with_the_drift(
         home: Home, model_folders: ModelFolders, cpu_study: Study, tmp_path: Path) -> None:
-    """The demo's study again, with one busy process per core planted for 100 s from its first performance block:
-    every verdict is the quiet study's, or INCONCLUSIVE saying the machine drifted; never another GO or NO-GO."""
+    """The demo's study again, with one busy process per core planted from its first performance block through the
+    next three: every verdict is the quiet study's, or INCONCLUSIVE saying the machine drifted; a decision is never
+    reversed, and a decision the quiet study did not reach is allowed only where its own machine drifted."""
     head = build_eagle3(home, model_folders.target, size=EAGLE3_SMALL)  # the quiet study's plan, EAGLE-3 included
-    hogged = run_study(home, tmp_path, demo_plan(model_folders, eagle3=head), hog_seconds=100)
+    hogged = run_study(home, tmp_path, demo_plan(model_folders, eagle3=head), hog_blocks=4)
     assert hogged.hog is not None
     quiet, noisy = results.load(cpu_study.run), results.load(hogged.run)
     # the hog ran during the performance blocks, and slowed the ones it covered: the test can fail
@@ -331,6 +340,13 @@ def test_a_cpu_hog_in_the_study_changes_no_verdict_but_to_inconclusive_with_the_
     before, after = _verdicts(quiet), _verdicts(noisy)
     assert before.keys() == after.keys()
     for key, j in after.items():
-        if j.outcome != before[key].outcome:
+        quiet_one = before[key]
+        if j.outcome == quiet_one.outcome:
+            continue
+        if quiet_one.outcome == "inconclusive":
+            # the quiet study could not decide only because its own machine moved (CI's shared machine does that);
+            # the hogged study may then decide
+            assert quiet_one.reason.startswith("the machine drifted: "), (key, quiet_one.reason, j.reason)
+        else:
             assert j.outcome == "inconclusive" and j.reason.startswith("the machine drifted: "), (
-                key, before[key].label, before[key].reason, j.reason)
+                key, quiet_one.label, quiet_one.reason, j.reason)
