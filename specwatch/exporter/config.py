@@ -61,6 +61,9 @@ class ExporterConfig:
     probe_interval_seconds: float = 5.0
     down_after_failures: int = 3  # requests in a row that cannot reach an upstream mark it down (`availability`)
     up_after_seconds: float = 10.0  # a down upstream is back in the split once its probe has answered this long
+    up_after_max_seconds: float = 300.0  # the cap of that wait, doubled each time it goes down again soon after
+    flap_window_seconds: float = 300.0  # "soon": down again within this long of coming back doubles the wait
+    health_path: str | None = "/health"  # what the probe GETs on each upstream; None: no probe (`health`)
     upstream_timeout_seconds: float = 600.0
     event_log: Path | None = None
     event_log_max_bytes: int = 64 * 1024 * 1024
@@ -116,7 +119,9 @@ def _rule(raw: Any, where: str) -> TaskRule:
 # The keys of the YAML file (examples/exporter.yaml shows each); any other key is an error.
 YAML_KEYS = ("upstreams", "split", "mirror", "sticky_header", "listen_address", "tasks", "rules", "event_log",
              "event_log_max_bytes", "max_body_bytes", "probe_interval_seconds", "upstream_timeout_seconds",
-             "admin_token_env", "workers", "down_after_failures", "up_after_seconds")
+             "admin_token_env", "workers", "down_after_failures", "up_after_seconds", "up_after_max_seconds",
+             "flap_window_seconds", "health_path")
+HEALTH_OFF = ("off", "")  # `health_path` values that turn the probe off
 MAX_WORKERS = 256
 
 
@@ -175,6 +180,22 @@ class _Yaml:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{self.where}: {key}.{name}: expected a number of percent, got {value!r}")
         return float(value)
+
+
+def _health_path(flag: Any, doc: _Yaml) -> str | None:
+    """The probe's path: the flag over the YAML key over `/health`; `off` or empty: None (no probe)."""
+    where, value = "--health-path", flag
+    if value is None:
+        where, value = f"{doc.where}: health_path", doc.doc.get("health_path", "/health")
+        if value is None or value is False:  # `health_path: off` reads as false in YAML 1.1
+            return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a path such as /health, or off, got {value!r}")
+    if value.strip().lower() in HEALTH_OFF:
+        return None
+    if not value.startswith("/") or any(c.isspace() for c in value) or "#" in value:
+        raise ConfigError(f"{where} {value!r}: expected a path starting with / (e.g. /health), or off")
+    return value
 
 
 def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
@@ -237,6 +258,11 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
         raise ConfigError(f"--workers {workers!r}: expected a positive integer")
     if workers > MAX_WORKERS:
         raise ConfigError(f"workers {workers}: at most {MAX_WORKERS} (one per core is the useful most)")
+    up_after = float(doc.number("up_after_seconds", 10.0))
+    up_after_max = float(doc.number("up_after_max_seconds", max(300.0, up_after)))
+    if up_after_max < up_after:
+        raise ConfigError(f"{doc.where}: up_after_max_seconds {up_after_max:g} is below up_after_seconds "
+                          f"{up_after:g}: the cap of the wait cannot be shorter than the wait")
     return ExporterConfig(
         upstreams=upstreams, split=split, mirror=mirror,
         sticky_header=(flags.get("sticky_header") or doc.text("sticky_header")),
@@ -244,7 +270,9 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
         max_body_bytes=int(doc.number("max_body_bytes", 16 * 1024 * 1024, integer=True)),
         probe_interval_seconds=float(doc.number("probe_interval_seconds", 5.0)),
         down_after_failures=int(doc.number("down_after_failures", 3, integer=True)),
-        up_after_seconds=float(doc.number("up_after_seconds", 10.0)),
+        up_after_seconds=up_after, up_after_max_seconds=up_after_max,
+        flap_window_seconds=float(doc.number("flap_window_seconds", 300.0)),
+        health_path=_health_path(flags.get("health_path"), doc),
         upstream_timeout_seconds=float(doc.number("upstream_timeout_seconds", 600.0)),
         event_log=Path(event_log) if event_log else None,
         event_log_max_bytes=int(doc.number("event_log_max_bytes", 64 * 1024 * 1024, integer=True)),

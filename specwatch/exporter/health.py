@@ -1,8 +1,19 @@
-"""Health: the exporter's own `/healthz`, and the probe of each upstream's `/health` behind `specwatch_upstream_up`."""
+"""Health: the exporter's own `/healthz`, and the probe of each upstream's health path behind `specwatch_upstream_up`.
+
+The probe GETs `health_path` (default `/health`, vLLM's) on every upstream each `probe_interval_seconds`:
+a 200 is up; a 404 means the upstream has no such endpoint (up 1, no error: it answers, and its requests
+judge it, `availability`); anything else, or no answer, is down and counts a probe error. With
+`health_path: off` nothing is sent and `specwatch_upstream_up` is not exported; the rounds still run, so
+a variant taken out by its requests comes back after its wait. Each round first rereads the shared down
+set (`refresh`), so the probe judges every variant any worker took out. With `--workers N` worker 0
+probes; the others only reread the set each round, to keep their `specwatch_upstream_routable` current.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -11,7 +22,9 @@ from specwatch.exporter.availability import Availability
 from specwatch.exporter.config import ExporterConfig
 from specwatch.exporter.metrics import ExporterMetrics
 
+log = logging.getLogger("specwatch.exporter")
 PROBE_TIMEOUT_SECONDS = 2
+NO_ENDPOINT = 404  # the health path is not there: the upstream is judged by its requests
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -20,29 +33,52 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 class UpstreamProbe:
-    """Every `probe_interval_seconds`, GET each upstream's `/health`: up is a 200; anything else counts an error.
-    Each answer goes to `availability` too: a failed probe takes the upstream out of the split."""
+    """Every `probe_interval_seconds`: reread the shared down set, then (`prober`) GET each upstream's health path;
+    each answer goes to `availability`, which takes a failing upstream out of the split and brings one back."""
 
-    def __init__(self, cfg: ExporterConfig, metrics: ExporterMetrics, availability: Availability) -> None:
+    def __init__(self, cfg: ExporterConfig, metrics: ExporterMetrics, availability: Availability,
+                 refresh: Callable[[], None] = lambda: None, prober: bool = True) -> None:
         self.cfg, self.metrics, self.availability = cfg, metrics, availability
+        self.refresh, self.prober = refresh, prober
         self._task: asyncio.Task[None] | None = None
+        self._without_endpoint: set[str] = set()  # said once in the log
 
     async def probe_once(self, session: aiohttp.ClientSession) -> None:
+        self.refresh()
         for variant, url in self.cfg.upstreams.items():
-            try:
-                async with session.get(url + "/health",
-                                       timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)) as r:
-                    up = r.status == 200
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                up = False
-            self.metrics.upstream_up.labels(variant).set(1 if up else 0)
-            if not up:
-                self.metrics.probe_errors.labels(variant).inc()
-            self.availability.probed(variant, up)
+            self.availability.probed(variant, await self._ask(session, variant, url))
+
+    async def _ask(self, session: aiohttp.ClientSession, variant: str, url: str) -> bool | None:
+        """True: up; False: down; None: no health endpoint, or no probe (judged by its requests)."""
+        path = self.cfg.health_path
+        if path is None:
+            return None
+        try:
+            async with session.get(url + path, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)) as r:
+                status: int | None = r.status
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            status = None
+        self.metrics.upstream_up.labels(variant).set(1 if status in (200, NO_ENDPOINT) else 0)
+        if status == NO_ENDPOINT:
+            if variant not in self._without_endpoint:
+                self._without_endpoint.add(variant)
+                log.info("upstream %s answers %s with 404: no health endpoint, judged by its requests", variant,
+                         path)
+            return None
+        self._without_endpoint.discard(variant)
+        if status != 200:
+            self.metrics.probe_errors.labels(variant).inc()
+        return status == 200
 
     async def _forever(self, session: aiohttp.ClientSession) -> None:
         while True:
-            await self.probe_once(session)
+            try:
+                if self.prober:
+                    await self.probe_once(session)
+                else:
+                    self.refresh()
+            except Exception:  # noqa: BLE001 - a round that failed is logged; the next one runs
+                log.exception("upstream probe round failed")
             await asyncio.sleep(self.cfg.probe_interval_seconds)
 
     def start(self, session: aiohttp.ClientSession) -> None:

@@ -52,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
                    help="enable POST /admin/weights and /admin/verdict, bearer token read from $NAME")
     p.add_argument("--no-fast-relay", action="store_true",
                    help="relay every chunk in Python, not over the compiled relay thread (same bytes and counts)")
+    p.add_argument("--health-path", metavar="PATH",
+                   help="what the probe GETs on each upstream (default /health; off: no probe, each upstream is "
+                        "judged by its requests; a 404 there means the same)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="N processes serve the listen address, /metrics sums them (default 1: this process)")
     return p
@@ -61,8 +64,8 @@ class Exporter:
     """The running tap: the aiohttp app wiring the proxy, `/metrics`, health and the admin API.
 
     As one of several workers (`worker`), `/metrics` is the sum over every worker's files, the weights and
-    verdicts come from the shared state, only worker 0 probes the upstreams, and `/metrics` and `/healthz`
-    say which worker answered (`X-Specwatch-Worker: <index>`)."""
+    verdicts come from the shared state, only worker 0 probes the upstreams (the others reread the shared down
+    set each probe round), and `/metrics` and `/healthz` say which worker answered (`X-Specwatch-Worker`)."""
 
     def __init__(self, cfg: ExporterConfig, admin_token: str = "", worker: Worker | None = None) -> None:
         self.cfg, self.worker = cfg, worker
@@ -77,7 +80,8 @@ class Exporter:
         self.router = Router(cfg, self.metrics, shared=shared)
         self.event_log = EventLog(cfg.event_log, cfg.event_log_max_bytes) if cfg.event_log else None
         self.tap = Tap(cfg, self.metrics, self.router, self.event_log)
-        self.probe = UpstreamProbe(cfg, self.metrics, self.router.availability)
+        self.probe = UpstreamProbe(cfg, self.metrics, self.router.availability, self.router.refresh,
+                                   prober=worker is None or worker.index == 0)  # one prober, as one process
         self.admin = Admin(cfg, self.router, self.metrics, admin_token)
         if shared is not None:
             self.admin.load_shared_verdicts()
@@ -108,8 +112,7 @@ class Exporter:
     async def _on_startup(self, app: web.Application) -> None:
         await self.tap.start()
         assert self.tap.session is not None
-        if self.worker is None or self.worker.index == 0:  # one prober: the same probes and errors as one process
-            self.probe.start(self.tap.session)
+        self.probe.start(self.tap.session)
 
     async def _on_cleanup(self, app: web.Application) -> None:
         self.probe.stop()
@@ -158,7 +161,8 @@ def config_from_args(args: argparse.Namespace) -> ExporterConfig:
     return config_mod.load({"upstream": args.upstream, "split": args.split, "mirror": args.mirror,
                             "sticky_header": args.sticky_header, "listen": args.listen,
                             "event_log": args.event_log, "admin_token_env": args.admin_token_env,
-                            "workers": args.workers, "no_fast_relay": args.no_fast_relay},
+                            "workers": args.workers, "no_fast_relay": args.no_fast_relay,
+                            "health_path": args.health_path},
                            args.config_file)
 
 

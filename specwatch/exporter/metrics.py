@@ -9,9 +9,13 @@ front so series exist at 0.
 
 With `--workers N` each worker's values live in prometheus_client's multiprocess files and
 `/metrics` sums them (counters and histogram buckets exactly; see `specwatch.exporter.workers`).
-The gauges are state, not per-worker quantities, so they aggregate as `mostrecent`: the probe's
-`specwatch_upstream_up` is the last probe's answer (worker 0 probes), the canary's gauges the
-last verdict pushed through the admin API, whichever worker took it.
+The gauges are state, not per-worker quantities. The probe's `specwatch_upstream_up` and the canary's
+gauges aggregate as `mostrecent`: the last probe's answer (worker 0 probes; not exported at all with
+`health_path: off`), the last verdict pushed through the admin API, whichever worker took it.
+`specwatch_upstream_routable` is each worker's view of the shared down set (every worker rereads it
+each probe round) and aggregates as `livemin`: 0 while any live worker routes around the variant, and
+a dead worker's value goes with it (the supervisor calls `mark_process_dead` for its pid, which removes
+its `live*` gauge files), so a worker killed while a variant was down leaves no 0 behind.
 """
 
 from __future__ import annotations
@@ -118,16 +122,17 @@ class ExporterMetrics:
         self.request_acceptance_rate = Histogram("specwatch_request_acceptance_rate",
                                                  "Per-request draft acceptance rate C / D (requests with D > 0).",
                                                  vt, buckets=RATE_BUCKETS, registry=registry)
-        self.upstream_up = Gauge("specwatch_upstream_up", "1 when the upstream answered its last health probe.",
+        self.upstream_up = Gauge("specwatch_upstream_up", "1 when the upstream answered its last health probe with "
+                                 "200, or 404 (no health endpoint: judged by its requests).",
                                  ["variant"], registry=registry, multiprocess_mode="mostrecent")
         self.probe_errors = Counter("specwatch_upstream_probe_errors", "Failed upstream health probes.",
                                     ["variant"], registry=registry)
         self.upstream_routable = Gauge("specwatch_upstream_routable",
                                        "1 while the variant takes its share of the split; 0 while it is known down "
                                        "and its share goes to the others (`availability`).", ["variant"],
-                                       registry=registry, multiprocess_mode="min")
-        self.rerouted = Counter("specwatch_rerouted", "Requests the split gave to `from`, sent to `to` because `from` "
-                                "was known down.", ["from", "to"], registry=registry)
+                                       registry=registry, multiprocess_mode="livemin")
+        self.rerouted = Counter("specwatch_rerouted", "Requests the split gave to `from`, forwarded to `to` because "
+                                "`from` was known down.", ["from", "to"], registry=registry)
         self.mirror_outputs = Counter("specwatch_mirror_outputs",
                                       "Mirrored greedy requests whose output matched the primary's.",
                                       [*vt, "result"], registry=registry)
@@ -150,8 +155,9 @@ class ExporterMetrics:
             for verdict in CANARY_VERDICTS:
                 self.canary_verdict.labels(task, verdict)
         for variant in cfg.upstreams:
-            self.upstream_up.labels(variant)
-            self.probe_errors.labels(variant)
+            if cfg.health_path is not None:  # no probe, no probe series (an alert on `up == 0` stays quiet)
+                self.upstream_up.labels(variant)
+                self.probe_errors.labels(variant)
             for other in cfg.upstreams:
                 if other != variant:  # every pair at 0 (the mirror's too: never rerouted, shown so)
                     self.rerouted.labels(variant, other)

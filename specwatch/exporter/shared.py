@@ -1,4 +1,4 @@
-"""What every worker of one exporter sees alike: the split weights and the canary verdicts, in its run folder.
+"""What every worker of one exporter sees alike: split weights, canary verdicts, down set, in its run folder.
 
 With `--workers N` the admin API's changes land on whichever worker answered. They are kept in
 `state.json` (replaced whole, so a reader never sees half of it), written under an exclusive
@@ -22,7 +22,9 @@ from typing import Any
 
 _VERSION = struct.Struct("<Q")
 
-State = dict[str, Any]  # {"weights": {variant: percent}, "verdicts": {task: {"verdict": ..., "score": ...}}}
+# {"weights": {variant: percent}, "verdicts": {task: {"verdict": ..., "score": ...}}, and `availability`'s
+#  "down": {variant: why}, "outages": {variant: {"since", "wait"}}, "returns": {variant: {"at", "wait"}}}
+State = dict[str, Any]
 
 
 class SharedState:

@@ -5,7 +5,8 @@ tap's own upstream client), read and accounted by `relays.SseRelay` (the usage c
 removed, ordinary content chunks read by a byte pattern, the rest parsed in full); long runs of ordinary
 content chunks go to the compiled relay thread (`fastrelay`), and stream ends are accounted in turns
 (`turns`). The split's route comes from `routing.Router`, which routes around an upstream known down
-(`availability`: fed here by the requests that reach it or do not). Faults never escape:
+(`availability`: fed here by the requests that reach it or do not, `unreachable` saying which could not);
+a rerouted request is counted once it is forwarded, and never mirrored. Faults never escape:
 an unreachable upstream becomes a 502 with an OpenAI-style error, a malformed answer is
 relayed and counted `bad_response`, a client that leaves cancels the upstream request.
 Headers pass through untouched (minus hop-by-hop and the tap's own) and are never logged.
@@ -64,6 +65,15 @@ def _plain_http(url: str) -> tuple[str, int, str] | None:
     except ValueError:
         return None
     return parts.hostname, port, parts.path.rstrip("/")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """An aiohttp request's failure before its response head means the upstream could not be reached: refused,
+    reset, or a connect that timed out. A read timeout (`sock_read`, or the request's whole deadline) once it
+    was sent is a slow upstream, an error of its own but no sign that it is down; nor is a malformed head."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return True
+    return isinstance(exc, aiohttp.ClientConnectionError | OSError) and not isinstance(exc, TimeoutError)
 
 
 def error_response(status: int, message: str, err_type: str) -> web.Response:
@@ -142,13 +152,13 @@ class Tap:
             self._account(self._rejected(request, 400))
             return error_response(400, str(exc), "BadRequestError")
         task = classify(self.cfg, request.path, request.headers, plan.parsed)
-        variant = self.router.route(request.headers)
+        variant, rerouted_from = self.router.pick(request.headers)
         record = self._record(request, plan, variant, task)
-        if (self.cfg.mirror and variant == self.cfg.default_variant and plan.parsed is not None
-                and request.method == "POST"):
+        if (self.cfg.mirror and variant == self.cfg.default_variant and rerouted_from is None
+                and plan.parsed is not None and request.method == "POST"):  # its own traffic, not rerouted
             self._start_mirror(request, plan, task, record)
         try:
-            return await self._exchange(request, plan, record, request)
+            return await self._exchange(request, plan, record, request, rerouted_from)
         finally:
             self._finish(record)
 
@@ -203,13 +213,15 @@ class Tap:
             record.outcome = "rejected"
 
     async def _exchange(self, request: web.Request, plan: UpstreamRequest, record: RequestRecord,
-                        client: web.Request | None) -> web.StreamResponse:
-        """Send the request to the record's variant; relay to `client` (None: a mirror, discard)."""
+                        client: web.Request | None, rerouted_from: str | None = None) -> web.StreamResponse:
+        """Send the request to the record's variant; relay to `client` (None: a mirror, discard). `rerouted_from`:
+        the split's pick it was rerouted from, counted once the request is handed to the upstream client."""
         assert self.session is not None
         direct = self._direct.get(record.variant)
         if plan.stream and request.method == "POST" and direct is not None:
-            return await self._exchange_stream(request, plan, record, client, direct)
+            return await self._exchange_stream(request, plan, record, client, direct, rerouted_from)
         url = self.cfg.upstreams[record.variant] + request.path_qs
+        self.router.forwarded(record.variant, rerouted_from)
         try:
             async with self.session.request(request.method, url, data=plan.body,
                                             headers=_forward_headers(request.headers)) as upstream:
@@ -217,7 +229,7 @@ class Tap:
                 return await self._relay(upstream, plan, record, client)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             record.outcome = "upstream_error"
-            if record.status is None:  # no response head: the upstream could not be reached
+            if record.status is None and unreachable(exc):  # refused, reset, no connection: not a slow answer
                 self.router.availability.failed(record.variant)
             return error_response(502, f"upstream {record.variant} failed: {type(exc).__name__}", "BadGateway")
         except asyncio.CancelledError:
@@ -225,7 +237,8 @@ class Tap:
             raise
 
     async def _exchange_stream(self, request: web.Request, plan: UpstreamRequest, record: RequestRecord,
-                               client: web.Request | None, direct: tuple[str, int, str]) -> web.StreamResponse:
+                               client: web.Request | None, direct: tuple[str, int, str],
+                               rerouted_from: str | None) -> web.StreamResponse:
         """A streamed request over the tap's own upstream client (`upstream.py`): same outcomes as `_exchange`."""
         host, port, prefix = direct
         payload = request_bytes(request.method, prefix + request.path_qs, host, port,
@@ -233,7 +246,7 @@ class Tap:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.upstream_timeout_seconds
         conn: Connection | None = None
-        done = False
+        done = sent = False
         try:
             async with asyncio.timeout_at(deadline) as timeout:  # one deadline for the head and the relay
                 try:
@@ -241,6 +254,9 @@ class Tap:
                         conn, reused = await self.pool.acquire(host, port)
                         try:
                             conn.send(payload)
+                            if not sent:  # on its way (a retry on a fresh connection is the same request)
+                                sent = True
+                                self.router.forwarded(record.variant, rerouted_from)
                             assert conn.head is not None
                             head = await conn.head
                             break
@@ -251,10 +267,14 @@ class Tap:
                                 raise
                             conn.abort()
                 except (OSError, asyncio.CancelledError) as exc:
-                    if isinstance(exc, asyncio.CancelledError) and not timeout.expired():
+                    expired = isinstance(exc, asyncio.CancelledError)
+                    if expired and not timeout.expired():
                         raise
                     record.outcome = "upstream_error"  # unreachable, broke off, or no head before the deadline
-                    self.router.availability.failed(record.variant)
+                    # unreachable: refused, reset or a connect timeout before any byte of an answer; not a request
+                    # sent that had no head by the deadline (a slow upstream), nor a malformed head
+                    if not (conn is not None and conn.received) and not (expired and sent):
+                        self.router.availability.failed(record.variant)
                     name = type(exc).__name__ if isinstance(exc, OSError) else "TimeoutError"
                     return error_response(502, f"upstream {record.variant} failed: {name}", "BadGateway")
                 assert conn is not None

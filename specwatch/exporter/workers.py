@@ -6,12 +6,13 @@ anything forks), creates the run folder, and forks worker i with socket i. A wor
 ordinary single-process exporter on its socket, with prometheus_client in multiprocess mode: its
 counters and histograms live in mmap files under `<run>/metrics` (written on every increment, so
 a worker that dies loses nothing it had counted), and any worker's `/metrics` sums every file
-(`MultiProcessCollector`). The split weights and canary verdicts live in `<run>/state`
+(`MultiProcessCollector`). The split weights, canary verdicts and down set live in `<run>/state`
 (`specwatch.exporter.shared`); the event log is shared line by line (`specwatch.exporter.eventlog`).
 
 The parent keeps every socket open, so connections that reach a dead worker's socket wait in its
 backlog for the replacement instead of being refused. A worker that exits is replaced in its slot
-(`mark_process_dead` for its pid first); more than `MAX_RESTARTS` replacements within
+(`mark_process_dead` for its pid first: its `live*` gauges, `specwatch_upstream_routable`, leave the
+merge, while its counter files stay in the sum); more than `MAX_RESTARTS` replacements within
 `RESTART_WINDOW_SECONDS` means something is wrong beyond one bad request: the parent stops the others
 and exits 1. SIGTERM or SIGINT to the parent stops every worker (SIGTERM: each finishes its requests
 as a single exporter does) and removes the run folder; a worker whose parent is gone stops itself.

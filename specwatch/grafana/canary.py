@@ -116,13 +116,16 @@ def _verdict() -> Section:
                   "Grafana sees) that are pending or firing, with their instances. Empty is the healthy state; "
                   "each alert's runbook_url leads to its section of the runbook.", w=10),
         timeseries("Rerouted around a down upstream", "Requests per second the split gave a variant known down "
-                   "(its health probe failing, or requests in a row unable to reach it) and the exporter sent to "
-                   "another instead, by from and to. Pinned requests and the mirror are never rerouted; requests "
-                   "in flight when it went down count as upstream errors. Zero is the healthy state.",
+                   "(its health probe failing, or requests in a row unable to reach it) and the exporter forwarded to "
+                   "another instead, by from and to. Pinned requests and the mirror are never rerouted, nor "
+                   "mirrored once rerouted; requests in flight when it went down count as upstream errors. Zero is "
+                   "the healthy state.",
                    targets((f"sum by (from, to) (rate(specwatch_rerouted_total[{S.slow.duration}]))",
                             "{{from}} -> {{to}}")), "reqps", w=6, h=8, min_=0),
         stat("In the split", "1 while the variant takes its share of the split; 0 while the exporter routes "
-             "around it (down until its probe has answered for up_after_seconds).",
+             "around it (down until its probe has answered, or without a health endpoint its requests have "
+             "failed no more, for up_after_seconds; a variant down again soon after coming back waits twice as "
+             "long, up to up_after_max_seconds).",
              targets(("min by (variant) (specwatch_upstream_routable)", "{{variant}}")), "none", w=4, h=8,
              steps=thresholds(RED, (1, GREEN)),
              mappings=[{"type": "value", "options": {"0": {"text": "routed around", "color": RED, "index": 0},
