@@ -9,6 +9,11 @@ caution there, judged and shown but never failing the verdict (ITL p95 against a
 does not speculate: tokens arrive in bursts, which is what speculation looks like). The study, the
 canary and the generated alerts read the same file. Errors name the key. The default ships as
 package data: `specwatch/data/canary-policy.yaml`.
+
+Every policy valid for an earlier release still loads (`tests/fixtures/canary-policies/`, one file per
+shipped version): a policy without `comparisons` gets the default's (ITL p95 a caution against none), and a
+caution on a metric the policy does not define (the default's `itl_p95` in a policy without it, or the
+user's own) is dropped with a notice in `Policy.notices`, which the CLI prints once; never an error.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class MetricPolicy:
 
 
 DEFAULT_PASS_SCORE, DEFAULT_MARGINAL_SCORE = 90.0, 70.0  # Kayenta's usual thresholds; the canary dashboard's too
+# a policy without `comparisons` (every one before comparison kinds existed) gets these
+DEFAULT_CAUTIONS: Mapping[str, tuple[str, ...]] = {SPECULATION_VS_NONE: ("itl_p95",), SPECULATION_VS_SPECULATION: ()}
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,8 @@ class Policy:
     pass_score: float = DEFAULT_PASS_SCORE
     marginal_score: float = DEFAULT_MARGINAL_SCORE
     comparison: str = AUTO  # a kind of KINDS, or AUTO
-    cautions: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {
-        SPECULATION_VS_NONE: ("itl_p95",), SPECULATION_VS_SPECULATION: ()})
+    cautions: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_CAUTIONS))
+    notices: tuple[str, ...] = field(default=(), compare=False)  # what loading dropped, one line each
 
     def metric(self, name: str) -> MetricPolicy:
         return next(m for m in self.metrics if m.name == name)
@@ -156,29 +163,35 @@ def parse(doc: Any, where: str = "policy") -> Policy:
     confidence = _number(doc, "confidence", where, 0.95, high=0.9999)
     if alpha == 0 or confidence < 0.5:
         raise PolicyError(f"{where}: alpha must be above 0 and confidence at least 0.5")
-    comparison, cautions = _comparisons(doc, where, {m.name for m in metrics})
-    return Policy(metrics, min_samples, alpha, confidence, pass_score, marginal, comparison, cautions)
+    comparison, cautions, notices = _comparisons(doc, where, {m.name for m in metrics})
+    return Policy(metrics, min_samples, alpha, confidence, pass_score, marginal, comparison, cautions, notices)
 
 
-def _comparisons(doc: Mapping[str, Any], where: str, metrics: set[str]) -> tuple[str, dict[str, tuple[str, ...]]]:
-    """`comparison` (a kind or auto) and `comparisons` ({kind: {cautions: [metric, ...]}}; every kind named)."""
+def _comparisons(doc: Mapping[str, Any], where: str,
+                 metrics: set[str]) -> tuple[str, dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """`comparison` (a kind or auto), `comparisons` ({kind: {cautions: [metric, ...]}}; every kind named; the
+    default's where absent) and the notices: a caution on a known metric the policy does not define is dropped."""
     comparison = doc.get("comparison", AUTO)
     if comparison != AUTO and comparison not in KINDS:
         raise PolicyError(f"{where}.comparison: expected {AUTO} or one of {', '.join(KINDS)}, got {comparison!r}")
-    raw = doc.get("comparisons", {SPECULATION_VS_NONE: {"cautions": ["itl_p95"]},
-                                  SPECULATION_VS_SPECULATION: {"cautions": []}})
+    given = "comparisons" in doc
+    raw = doc["comparisons"] if given else {kind: {"cautions": list(n)} for kind, n in DEFAULT_CAUTIONS.items()}
     if not isinstance(raw, Mapping) or set(raw) != set(KINDS):
         raise PolicyError(f"{where}.comparisons: expected a mapping with exactly {', '.join(KINDS)}")
     cautions: dict[str, tuple[str, ...]] = {}
+    notices: list[str] = []
     for kind, body in raw.items():
         if not isinstance(body, Mapping) or set(body) - {"cautions"}:
             raise PolicyError(f"{where}.comparisons.{kind}: expected a mapping with `cautions: [metric, ...]`")
         names = body.get("cautions") or []
-        if not isinstance(names, list) or any(n not in metrics for n in names):
+        if not isinstance(names, list) or any(not isinstance(n, str) or n not in METRICS for n in names):
             raise PolicyError(f"{where}.comparisons.{kind}.cautions: expected a list of the policy's metrics "
                               f"({', '.join(sorted(metrics))}), got {names!r}")
-        cautions[str(kind)] = tuple(names)
-    return str(comparison), cautions
+        origin = f"{where}.comparisons.{kind}.cautions" if given else f"the default caution for {kind}"
+        notices += [f"{origin}: {n} is not among the policy's metrics; its caution is dropped"
+                    for n in names if n not in metrics]
+        cautions[str(kind)] = tuple(n for n in names if n in metrics)
+    return str(comparison), cautions, tuple(notices)
 
 
 def load(path: Path | None = None) -> Policy:

@@ -16,11 +16,18 @@ of candidate outputs identical to the primary's) and, for ITL, the `histogram_qu
 Each comes with the number of requests behind it: the counter's rise within the window
 (max - min, without `increase()`'s extrapolation, which inflates counts on series younger
 than the window; a restart inside the window undercounts, never overcounts).
+
+Whatever goes wrong reading either source (no such log, an unreadable one, Prometheus refusing the
+connection, answering an error, an HTML page or no JSON, or not within the evaluation's deadline) is a
+`SourceError` with one line saying which source and why. Each Prometheus query waits at most what is left
+of the deadline (and tells Prometheus the same through the API's `timeout`), so an evaluation of its 34
+queries ends within the deadline, not 34 query timeouts later.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -69,14 +76,27 @@ class Side:
 
 
 Data = dict[tuple[str, str], Side]  # (task, variant) -> Side
+QUERY_TIMEOUT = 30.0  # seconds, at most, for one Prometheus query (less when the deadline is nearer)
+
+
+class SourceError(Exception):
+    """The event log or Prometheus could not give the window's data; the message names the source and why."""
+
+
+def reason(exc: BaseException) -> str:
+    """One line for a failed evaluation: a source's own message, otherwise the exception's type and text."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    return text if isinstance(exc, SourceError) else f"{type(exc).__name__}: {text}"
 
 
 def _events(path: Path) -> Iterator[dict[str, Any]]:
     for file in (path.with_name(path.name + ".1"), path):  # the rotated half first: older lines
         try:
-            lines = file.read_text(encoding="utf-8").splitlines()
+            lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
         except FileNotFoundError:
             continue
+        except OSError as exc:
+            raise SourceError(f"event log {file}: cannot read it: {exc.strerror or exc}") from None
         for line in lines:
             try:
                 event = json.loads(line)
@@ -94,7 +114,7 @@ def from_event_log(path: Path, window_seconds: float, variants: Iterable[str], t
                    now: float | None = None, data: Data | None = None) -> Data:
     """Per-request samples of the requests logged in the last `window_seconds`."""
     if not path.exists() and not path.with_name(path.name + ".1").exists():
-        raise FileNotFoundError(f"event log {path}: no such file")
+        raise SourceError(f"event log {path}: no such file")
     data = {} if data is None else data
     since = (time.time() if now is None else now) - window_seconds
     wanted_variants, wanted_tasks = set(variants), None if tasks is None else set(tasks)
@@ -167,40 +187,72 @@ def prom_queries(v: str, w: str) -> dict[str, tuple[str, str]]:
     }
 
 
-def _query(url: str, expr: str, timeout: float = 30) -> dict[str, float]:
-    """An instant query: {task: value}; NaN results (empty histograms) are left out."""
-    resp = requests.get(url.rstrip("/") + "/api/v1/query", params={"query": expr}, timeout=timeout)
+def _snippet(text: str) -> str:
+    """The start of an answer that is not Prometheus's JSON (a proxy's HTML error page), tags and spaces dropped."""
+    flat = " ".join(re.sub(r"<[^>]*>", " ", text).split())
+    return repr(flat[:120] + ("..." if len(flat) > 120 else "")) if flat else "an empty body"
+
+
+def _query(session: requests.Session, url: str, expr: str, deadline: float | None = None) -> dict[str, float]:
+    """An instant query: {task: value}; NaN results (empty histograms) are left out. `deadline`: a
+    `time.monotonic()` by which it must be answered."""
+    timeout = QUERY_TIMEOUT if deadline is None else min(QUERY_TIMEOUT, deadline - time.monotonic())
+    if timeout <= 0:
+        raise SourceError(f"Prometheus {url}: the evaluation's deadline passed before its queries were done")
+    params = {"query": expr, "timeout": f"{timeout:.3f}"}  # seconds: the API reads a bare float as such
+    try:
+        resp = session.get(url.rstrip("/") + "/api/v1/query", params=params, timeout=timeout)
+    except requests.Timeout:
+        raise SourceError(f"Prometheus {url}: no answer within {timeout:.1f} s (the evaluation's deadline)") from None
+    except requests.RequestException as exc:
+        raise SourceError(f"Prometheus {url}: unreachable: {_cause(exc)}") from None
     try:
         body = resp.json()
     except ValueError:
-        raise RuntimeError(f"Prometheus {url}: not a JSON answer (HTTP {resp.status_code})") from None
+        raise SourceError(f"Prometheus {url}: HTTP {resp.status_code}, not a JSON answer: "
+                          f"{_snippet(resp.text)}") from None
+    if not isinstance(body, dict):
+        raise SourceError(f"Prometheus {url}: HTTP {resp.status_code}, not a Prometheus API answer")
     if resp.status_code != 200 or body.get("status") != "success":
-        raise RuntimeError(f"Prometheus {url}: query {expr!r} failed: {body.get('error', resp.text[:300])}")
+        why = ": ".join(str(body[k]) for k in ("errorType", "error") if body.get(k)) or _snippet(resp.text)
+        raise SourceError(f"Prometheus {url}: HTTP {resp.status_code}, query failed: {why}")
     out: dict[str, float] = {}
-    for s in body["data"]["result"]:
-        value = float(s["value"][1])
-        if value == value and "task" in s["metric"]:  # not NaN
-            out[s["metric"]["task"]] = value
+    try:
+        for s in body["data"]["result"]:
+            value = float(s["value"][1])
+            if value == value and "task" in s["metric"]:  # not NaN
+                out[s["metric"]["task"]] = value
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise SourceError(f"Prometheus {url}: an answer not shaped as an instant vector") from None
     return out
 
 
+def _cause(exc: requests.RequestException) -> str:
+    """The innermost reason of a requests error (`[Errno 111] Connection refused`), not urllib3's pool repr."""
+    found = re.findall(r"\[Errno -?\d+\] [^'\")]+", str(exc))
+    return found[-1].strip() if found else type(exc).__name__
+
+
 def from_prometheus(url: str, window: str, variants: Iterable[str], tasks: Iterable[str] | None = None,
-                    data: Data | None = None) -> Data:
-    """Windowed figures per task for each variant, from the exporter's families in Prometheus."""
+                    data: Data | None = None, deadline: float | None = None) -> Data:
+    """Windowed figures per task for each variant, from the exporter's families in Prometheus; every query
+    answered by `deadline` (a `time.monotonic()`; None: each within QUERY_TIMEOUT)."""
     data = {} if data is None else data
     wanted_tasks = None if tasks is None else set(tasks)
-    for variant in variants:
-        for metric, (figure, count) in prom_queries(variant, window).items():
-            counts = _query(url, count)
-            for task, value in _query(url, figure).items():
-                if wanted_tasks is not None and task not in wanted_tasks:
-                    continue
-                side = data.setdefault((task, variant), Side())
-                side.figures[metric] = value
-                side.counts[metric] = counts.get(task, 0.0)
-        for task, value in _query(url, _rise("specwatch_requests_total", variant, window)).items():
-            if wanted_tasks is None or task in wanted_tasks:
-                data.setdefault((task, variant), Side()).counts["requests"] = value
+    with requests.Session() as session:
+        for variant in variants:
+            for metric, (figure, count) in prom_queries(variant, window).items():
+                counts = _query(session, url, count, deadline)
+                for task, value in _query(session, url, figure, deadline).items():
+                    if wanted_tasks is not None and task not in wanted_tasks:
+                        continue
+                    side = data.setdefault((task, variant), Side())
+                    side.figures[metric] = value
+                    side.counts[metric] = counts.get(task, 0.0)
+            for task, value in _query(session, url, _rise("specwatch_requests_total", variant, window),
+                                      deadline).items():
+                if wanted_tasks is None or task in wanted_tasks:
+                    data.setdefault((task, variant), Side()).counts["requests"] = value
     return data
 
 

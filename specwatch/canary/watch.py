@@ -4,16 +4,23 @@ The exporter's admin endpoint does the acting: `POST /admin/verdict` (the verdic
 `specwatch_canary_verdict{task,verdict}` for the canary dashboard) and `POST /admin/weights`
 with `{"<candidate>": 0}` (every new request then goes to the other routes). Both carry
 `Authorization: Bearer <token>`; the token comes from the environment and is never printed.
+
+An evaluation that fails (a source unreadable, Prometheus erroring or past the deadline, the report not
+written) is one line on stderr and the watch goes on: nothing is pushed for that round and the split is
+never stopped on an error, only on a judged fail. A push or a stop the exporter refuses ends the watch
+(`AdminError`): acting blind is worse than stopping.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import requests
 
+from specwatch.canary.samples import reason
 from specwatch.canary.scoring import CanaryVerdict
 
 
@@ -47,25 +54,41 @@ def stop_split(exporter: str, token: str, candidate: str) -> dict[str, float]:
     return weights
 
 
+def _failed(what: str, exc: Exception) -> None:
+    print(f"specwatch canary: {what} failed: {reason(exc)}", file=sys.stderr, flush=True)
+
+
 def watch(evaluate: Callable[[], CanaryVerdict], interval: float, report: Callable[[CanaryVerdict], None],
           exporter: str | None, token: str | None, stop_on_fail: bool, rounds: int | None = None,
-          sleep: Callable[[float], None] = time.sleep) -> CanaryVerdict:
-    """Evaluate every `interval` seconds until a verdict fails (or `rounds` evaluations); returns the last.
+          sleep: Callable[[float], None] = time.sleep) -> CanaryVerdict | None:
+    """Evaluate every `interval` seconds until a verdict fails (or `rounds` evaluations); returns the last
+    verdict, None where the last evaluation failed (or its report could not be written).
 
-    On a failed verdict with `stop_on_fail`, the split is stopped before returning.
+    On a failed verdict with `stop_on_fail`, the split is stopped before returning (even when the report
+    could not be written: the report is for people, the stop is the point).
     """
     n = 0
     while True:
         started = time.monotonic()
-        verdict = evaluate()
+        outcome: CanaryVerdict | None = None
+        try:
+            verdict = evaluate()
+        except Exception as exc:  # any failure is this round's, said in a line; the watch goes on
+            _failed("evaluation", exc)
+        else:
+            outcome = verdict
+            try:
+                report(verdict)
+            except Exception as exc:  # as above
+                _failed("report", exc)
+                outcome = None
+            if exporter and token:
+                push_verdict(exporter, token, verdict)
+            if verdict.verdict == "fail":
+                if stop_on_fail and exporter and token:
+                    stop_split(exporter, token, verdict.candidate)
+                return verdict
         n += 1
-        report(verdict)
-        if exporter and token:
-            push_verdict(exporter, token, verdict)
-        if verdict.verdict == "fail":
-            if stop_on_fail and exporter and token:
-                stop_split(exporter, token, verdict.candidate)
-            return verdict
         if rounds is not None and n >= rounds:
-            return verdict
+            return outcome
         sleep(max(0.0, interval - (time.monotonic() - started)))
