@@ -24,7 +24,8 @@ a pass with a desynchronised loop (<out-prefix>-stagger.*); --fronts adds raw_fr
 
 Other modes, on the same pinned processes: --per-request (per_request.py against the exporter, raw_front.py's
 fronts and src-ref: DIR/per-request-fronts.txt) and --profile (py-spy, from DEVPERF/bin or PATH, samples the
-exporter of --src while per_request.py runs: DIR/profile-<src>.{stacks,txt}).
+exporter of --src while per_request.py runs: DIR/profile-<src>.{stacks,txt}; with --stream the stub streams the
+bench's 64 chunks 10 ms apart, in bursts of 64, and each exporter thread's CPU is added: profile-stream-<src>.*).
 
 Results: <out-prefix>.{json,md} (default $RESULTS_DIR/results-pinned-<date>) with the RSS per level and the
 environment appended, plus bench.log, rss.tsv, env.txt and logs.tgz beside them. Every process it started
@@ -712,6 +713,20 @@ def _pinned_bench(a: argparse.Namespace, dev: Path, prefix: str, run: Run) -> in
     return rc
 
 
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of `pid`: its name and CPU seconds (utime + stime) so far (the event loop, the relay thread)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name, fields = task.joinpath("stat").read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        f = fields.split()
+        out[int(task.name)] = (name.split("(", 1)[1], (int(f[11]) + int(f[12])) / tick)
+    return out
+
+
 def per_request_or_profile(a: argparse.Namespace, dev: Path, out: Path) -> int:
     """--per-request: the exporter, the bare fronts and src-ref priced by per_request.py, --rounds times;
     --profile: py-spy samples the exporter of --src while per_request.py runs, stacks folded by stack_shares.py."""
@@ -728,8 +743,10 @@ def per_request_or_profile(a: argparse.Namespace, dev: Path, out: Path) -> int:
             if not pip_target(site, sorted(glob.glob(str(dev / "whl" / "*.whl"))), run.dir / "pip-site.log"):
                 sys.exit("run_pinned.py: installing .devperf/whl failed")
         up = free_port()
+        shape = ([str(a.chunks), str(a.interval_ms), str(a.ttft_ms)] if a.stream else ["1", "0", "0"])
         stub = run.start("stub", cpu["stub"], [sys.executable, str(HERE / "stub_upstream.py"), "--port", str(up),
-                                               "--chunks", "1", "--interval-ms", "0", "--ttft-ms", "0"], py_env(site))
+                                               "--chunks", shape[0], "--interval-ms", shape[1], "--ttft-ms", shape[2]],
+                         py_env(site))
         ports = {"stub": up}
 
         def front(name: str, cpus: str, build: Path, argv: list[str]) -> int:
@@ -760,7 +777,7 @@ def per_request_or_profile(a: argparse.Namespace, dev: Path, out: Path) -> int:
             if not run.wait_up(name, port, 10):
                 sys.exit(f"run_pinned.py: port {port} ({name}) did not open")
         client = ["taskset", "-c", cpu["client"], sys.executable, str(HERE / "per_request.py"), "-n", str(n),
-                  "--burst", "64"]
+                  "--burst", "64", *(["--burst-only"] if a.stream else [])]
         env = {**os.environ, **py_env(site)}
         commit = (src / "COMMIT").read_text().strip() if (src / "COMMIT").exists() else "unknown"
         if profile:
@@ -768,13 +785,20 @@ def per_request_or_profile(a: argparse.Namespace, dev: Path, out: Path) -> int:
             spy_bin = str(spy) if os.access(spy, os.X_OK) else shutil.which("py-spy")
             if not spy_bin:
                 sys.exit(f"run_pinned.py: no py-spy in {dev / 'bin'} or PATH")
-            stacks, text = out / f"profile-{src.name}.stacks", out / f"profile-{src.name}.txt"
+            tag = f"profile-stream-{src.name}" if a.stream else f"profile-{src.name}"
+            stacks, text = out / f"{tag}.stacks", out / f"{tag}.txt"
             run.start("spy", cpu["spy"], [spy_bin, "record", "--pid", str(exp), "--rate", str(a.rate), "--format",
                                           "raw", "--native" if a.native else "--nonblocking", "-o", str(stacks)])
             time.sleep(1)
-            head = (f"# run_pinned.py --profile: {src.name} ({commit}), per_request.py -n {n} --burst 64, "
+            stream = (f" --burst-only, stub --chunks {shape[0]} --interval-ms {shape[1]} --ttft-ms {shape[2]}"
+                      if a.stream else "")
+            head = (f"# run_pinned.py --profile: {src.name} ({commit}), per_request.py -n {n} --burst 64{stream}, "
                     f"py-spy --rate {a.rate}")
+            before = thread_cpu(exp)
             body = subprocess.run([*client, targets[1]], env=env, capture_output=True, text=True, check=True).stdout
+            after = thread_cpu(exp)
+            body += "".join(f"# thread {tid} {name}: {after[tid][1] - before.get(tid, (name, 0.0))[1]:.2f} CPU s\n"
+                            for tid, (name, _) in sorted(after.items()))
             os.kill(run.pid("spy"), signal.SIGINT)
             run.procs.pop("spy").wait()
             shares = subprocess.run([sys.executable, str(HERE / "stack_shares.py"), str(stacks), "--top", "45"],
@@ -835,6 +859,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-n", type=int, default=0, help="--per-request / --profile: requests (default 4000 / 8000)")
     p.add_argument("--rate", type=int, default=997, help="--profile: py-spy samples per second")
     p.add_argument("--native", action="store_true", help="--profile: native frames too (pauses per sample)")
+    p.add_argument("--stream", action="store_true",
+                   help="--profile: the stub streams --chunks chunks --interval-ms apart (the bench's streams, so "
+                        "the compiled relay and the stream ends are in it), bursts of 64 only; CPU per thread")
     a = p.parse_args(argv)
     bad = [s for s in a.skip.split(",") if s and s not in ROLES]
     if bad:
