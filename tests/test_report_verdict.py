@@ -323,14 +323,15 @@ ROUNDS = 4
 
 
 def _in_rounds(name: str, per_round: int, tpot: float, seed: int, slow: dict[int, float] | None = None,
-               step_at: float | None = None) -> VariantResults:
-    """A variant measured in ROUNDS rounds of `per_round` requests (each round 60 s after the last); `slow` multiplies
-    the TPOT of some rounds, `step_at` (a fraction of the requests, in time order) all requests after it by 1.5."""
+               step_at: float | None = None, sigma: float = 0.12, rounds: int = ROUNDS) -> VariantResults:
+    """A variant measured in `rounds` rounds of `per_round` requests (each round 60 s after the last); `slow`
+    multiplies the TPOT of some rounds, `step_at` (a fraction of the requests, in time order) all requests after it
+    by 1.5; `sigma`: the per-request spread (log sd)."""
     v = _variant(name, 0, tpot, seed)
     rng = random.Random(f"{name}-rounds-{seed}")
     rows: list[RequestResult] = []
-    for r in range(1, ROUNDS + 1):
-        for row in _requests("code", per_round, tpot * (slow or {}).get(r, 1.0), rng):
+    for r in range(1, rounds + 1):
+        for row in _requests("code", per_round, tpot * (slow or {}).get(r, 1.0), rng, sigma):
             row.round, row.start, row.end = r, row.start + 60 * r, row.end + 60 * r
             rows.append(row)
     if step_at is not None:
@@ -379,20 +380,32 @@ def test_a_50_percent_step_on_the_baseline_alone_in_rounds_is_inconclusive_with_
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_50_percent_on_every_variant_of_one_round_leaves_every_verdict_as_it_was(seed: int) -> None:
+def test_50_percent_on_every_variant_of_one_round_is_cancelled_only_where_measured_alike(seed: int) -> None:
+    """Measured narrowly (40 requests a round, a tight spread) the two sides' moves are alike: the verdict stands and
+    the line names both moves. With the demo's 5 a round the moves' intervals are too wide to tell them alike: the
+    blocking is not credited with cancelling what nobody could see cancel, INCONCLUSIVE, saying why."""
     cases = {"fast": 0.03, "slow": 0.12, "same": 0.06}
     for name, tpot in cases.items():
-        quiet = _blocked(_in_rounds("baseline", 5, 0.06, seed), _in_rounds(name, 5, tpot, seed))
-        noisy = _blocked(_in_rounds("baseline", 5, 0.06, seed, slow={2: 1.5}),
-                         _in_rounds(name, 5, tpot, seed, slow={2: 1.5}))
+        quiet = _blocked(_in_rounds("baseline", 40, 0.06, seed, sigma=0.03), _in_rounds(name, 40, tpot, seed,
+                                                                                       sigma=0.03))
+        noisy = _blocked(_in_rounds("baseline", 40, 0.06, seed, slow={2: 1.5}, sigma=0.03),
+                         _in_rounds(name, 40, tpot, seed, slow={2: 1.5}, sigma=0.03))
         assert noisy.outcome == quiet.outcome, (quiet.reason, noisy.reason)
         assert quiet.outcome == {"fast": "go", "slow": "no-go", "same": "inconclusive"}[name], quiet.reason
-        # the line names the drift it measured, and says the blocking cancelled it where it was beyond the tolerance
-        assert re.search(r"baseline TPOT [+-]\d+ % between round \d and round \d", noisy.reason), noisy.reason
+        # the line names each side's move between the rounds that moved most (round 2, planted) and the blocking
+        assert re.search(rf"drift: baseline TPOT [+-]\d+ % between (round 2 and round \d|round \d and round 2) against "
+                         rf"{name} [+-]\d+ % between the same rounds: alike \(their ratio [+-]\d+ % \[[+-]\d+ %, "
+                         r"[+-]\d+ %\], inside the tolerance\).*the blocking cancels it", noisy.reason), noisy.reason
         tpot_line = next(m for m in noisy.metrics if m.metric == "tpot")
-        assert f"over {ROUNDS} rounds, n = 20 / 20" in tpot_line.text, tpot_line.text
-        if "alike, beyond the tolerance" in noisy.reason:
-            assert "the blocking cancels it" in noisy.reason
+        assert f"over {ROUNDS} rounds, n = 160 / 160" in tpot_line.text, tpot_line.text
+        few = _blocked(_in_rounds("baseline", 5, 0.06, seed, slow={2: 1.5}), _in_rounds(name, 5, tpot, seed,
+                                                                                       slow={2: 1.5}))
+        assert few.outcome == "inconclusive", few.reason
+        # either side's move beyond the tolerance, named with the other side's between the same rounds
+        assert re.match(rf"the machine drifted: (baseline|{name}) TPOT [+-]\d+ % between (round 2 and round \d|"
+                        rf"round \d and round 2) against ({name}|baseline) [+-]\d+ % between the same rounds",
+                        few.reason), few.reason
+        assert "too few requests per round to tell whether both moved alike" in few.reason, few.reason
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -434,3 +447,13 @@ def test_rounds_that_disagree_on_a_decided_effect_are_named_as_drift() -> None:
     assert v.outcome == "inconclusive", v.reason
     assert re.match(r"the machine drifted: .*the rounds disagree on TPOT \(-\d+ % \.\. \+\d+ % by round\): no decision",
                     v.reason), v.reason
+
+
+def test_two_bfloat16_steps_read_through_a_float32_log_softmax_are_still_a_near_tie() -> None:
+    """Two rounding steps of 0.125 read 0.2502 once on the real CPU server (the log-softmax's float error): a near-tie;
+    a third step (0.375) is not, nor is anything a draft could cause by changing the target's choice."""
+    def parting(baseline_margin: float, variant_margin: float) -> quality.Parting:
+        return quality.Parting(5, 13, "0", "\n", baseline_margin, variant_margin)
+
+    assert parting(0.125, 0.1252).near_tie() and parting(0.25, 0.0).near_tie()
+    assert not parting(0.25, 0.125).near_tie() and not parting(0.125, 0.14).near_tie()

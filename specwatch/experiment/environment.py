@@ -1,9 +1,18 @@
-"""What a variant ran on: versions, the server's argv and `--help`, model revisions, input digests, KV capacity."""
+"""What a variant ran on: versions, the server's argv and `--help`, model revisions, input digests, KV capacity.
+
+The server's identity beside its speculative config (`server_identity`): its vLLM version (`GET /version`) and,
+where its log says so, its model runner. vLLM 0.32 exposes the runner nowhere over HTTP (`/server_info` only in
+dev mode, and without it: `use_v2_model_runner` is a property of the config, not a field); its log says it once
+per process: "Using V2 Model Runner" (`v1/worker/{cpu,gpu,xpu}_worker.py`) or "... using the V1 model runner
+instead." (`config/vllm.py`, when Triton is missing or a feature is unsupported). A log that says neither (an
+older vLLM, the simulator, V1 chosen by `VLLM_USE_V2_MODEL_RUNNER=0`) leaves it unknown.
+"""
 
 from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +33,28 @@ def server_version(url: str) -> str | None:
     except (requests.RequestException, ValueError, AttributeError):
         return None
     return str(value) if value is not None else None
+
+
+V2_RUNNER = re.compile(r"Using V2 Model Runner")
+V1_RUNNER = re.compile(r"using the V1 model runner instead", re.IGNORECASE)
+
+
+def model_runner(server_log: str) -> str | None:
+    """"V2" or "V1" where the server's log says which model runner it uses (vLLM 0.32's own lines); None where not."""
+    if V2_RUNNER.search(server_log):
+        return "V2"
+    if V1_RUNNER.search(server_log):
+        return "V1"
+    return None
+
+
+def server_identity(environment_record: Mapping[str, Any]) -> dict[str, str | None]:
+    """{"vllm_version", "model_runner"} of one variant's `environment.json` record; None where it was not told."""
+    def text(key: str) -> str | None:
+        value = environment_record.get(key)
+        return str(value) if value not in (None, "") else None
+
+    return {"vllm_version": text("server_version"), "model_runner": text("model_runner")}
 
 
 def num_gpu_blocks(metrics_text: str) -> int | None:
@@ -61,14 +92,16 @@ def model_record(model: str, args: Sequence[str], revision_flag: str = "--revisi
 def environment(*, url: str, command: Sequence[str], args: Sequence[str], model: str,
                 speculative_config: Mapping[str, Any] | None, backend: Mapping[str, object],
                 inputs: Mapping[str, str], metrics_text: str, startup_seconds: float,
-                has_help: bool) -> dict[str, Any]:
+                has_help: bool, server_log: str = "") -> dict[str, Any]:
+    """The variant's `environment.json` record (`server_log`: the server's log so far, for its model runner)."""
     models = [model_record(model, args)]
     draft = (speculative_config or {}).get("model")
     if isinstance(draft, str):
         models.append(model_record(draft, args, "--speculative-config.revision"))
     return {
         "specwatch": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
-        "server_version": server_version(url), "url": url, "backend": dict(backend),
+        "server_version": server_version(url), "model_runner": model_runner(server_log), "url": url,
+        "backend": dict(backend),
         "command": list(command), "argv": list(args), "startup_seconds": round(startup_seconds, 2),
         "models": models, "inputs_sha256": dict(inputs), "num_gpu_blocks": num_gpu_blocks(metrics_text),
         "server_help": "server-help.txt" if has_help else None,

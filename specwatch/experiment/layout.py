@@ -156,6 +156,16 @@ class VariantFolder:
         """One round's block of the performance pass, as Locust wrote it."""
         return self.perf(concurrency) / "rounds" / f"r{round_}"
 
+    def replaced_blocks(self, concurrency: int) -> list[Path]:
+        """The `requests.jsonl` of each block the merged pass leaves out (a round measured again, `rounds/r<R>` kept
+        on disk): requests the server did serve, which the reconciliation counts."""
+        merged = (read_json_object(self.perf(concurrency) / "summary.json") or {}).get("rounds")
+        if not isinstance(merged, list):
+            return []
+        found = [(int(p.name[1:]), p / "requests.jsonl") for p in (self.perf(concurrency) / "rounds").glob("r*")
+                 if p.name[1:].isdigit()]
+        return [path for r, path in sorted(found) if r not in merged and path.exists()]
+
     def read_status(self) -> dict[str, Any] | None:
         return read_json_object(self.status)
 

@@ -18,6 +18,7 @@ from specwatch.acceptance import Acceptance, AcceptanceFieldError, spec_field
 from specwatch.chat_client import run_chat
 from specwatch.experiment.layout import VariantFolder, read_jsonl, write_text
 from specwatch.experiment.plan import AcceptancePass, PerformancePass
+from specwatch.load.results import read_results
 from specwatch.load.run import LoadConfig
 from specwatch.load.run import run as run_load
 from specwatch.snapshot import Difference
@@ -75,6 +76,8 @@ def per_request_sums(folder: VariantFolder) -> tuple[Acceptance, list[str]]:
                                            for path in folder.acceptance_files()]
     files += [(folder.requests_file(c), [r.spec for r in folder.requests(c)])
               for c in folder.concurrencies() if folder.requests_file(c).exists()]
+    files += [(path, [r.spec for r in read_results([path])])  # rounds measured again: served all the same
+              for c in folder.concurrencies() for path in folder.replaced_blocks(c)]
     summed = Acceptance()
     sources = [str(path.relative_to(folder.root)) for path, _ in files]
     for source, (_, fields) in zip(sources, files, strict=True):

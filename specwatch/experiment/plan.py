@@ -20,6 +20,7 @@ from specwatch.backends import KINDS, BackendSpec, Kind
 from specwatch.backends.docker import DockerSettings
 from specwatch.backends.process import DEFAULT_COMMAND
 from specwatch.config import Home
+from specwatch.experiment.disturbance import DEFAULT_LIMIT_CORES
 from specwatch.vllm_cpu.server import DEFAULT_MAX_NUM_SEQS, SERVED_MODEL_NAME
 from specwatch.workloads import TASKS
 
@@ -148,6 +149,12 @@ class StudyPlan:
     # restarted for each block, the order reversed every other round; sequential: each variant in turn, one block
     design: Design = "sequential"
     rounds: int = 1
+    # Recovery from a noisy machine (`specwatch.experiment.disturbance`): a block during which processes outside
+    # the study (or the hypervisor's steal) took more than `disturbed_above_cores` is disturbed; its round is
+    # measured again at the end, up to `max_extra_rounds` extra rounds per concurrency (in a sequential design
+    # the block again, at once, as many times per variant and concurrency); 0 turns re-measuring off.
+    max_extra_rounds: int = 1
+    disturbed_above_cores: float = DEFAULT_LIMIT_CORES
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -183,6 +190,13 @@ def _int(m: dict[str, Any], key: str, where: str, default: int, minimum: int = 1
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise PlanError(f"{where}.{key}: expected an integer >= {minimum}, got {_kind(value)}")
     return value
+
+
+def _cores(m: dict[str, Any], key: str, default: float) -> float:
+    value = m.get(key, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise PlanError(f"{key}: expected a positive number of cores (CPU seconds per second), got {_kind(value)}")
+    return float(value)
 
 
 def _bool(m: dict[str, Any], key: str, where: str, default: bool) -> bool:
@@ -411,7 +425,8 @@ def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass |
 
 
 TOP_KEYS = ("name", "backend", "model", "served_model_name", "server", "lang", "tasks", "warmup_requests",
-            "acceptance", "performance", "variants", "sweep", "design", "rounds")
+            "acceptance", "performance", "variants", "sweep", "design", "rounds", "max_extra_rounds",
+            "disturbed_above_cores")
 
 
 def _design(m: dict[str, Any], variants: tuple[Variant, ...], sweep: Sweep | None,
@@ -474,4 +489,8 @@ def parse_plan(text: str, base_dir: Path, home: Home, inputs: Path | None = None
         server=_server(m.get("server")), lang=lang, tasks=_tasks(m["tasks"], base_dir, inputs),
         warmup_requests=_int(m, "warmup_requests", "plan", 1, minimum=0),
         acceptance=_acceptance(m.get("acceptance")), performance=performance,
-        variants=variants, text=text, sweep=sweep, design=design, rounds=rounds)
+        variants=variants, text=text, sweep=sweep, design=design, rounds=rounds,
+        # by default half the rounds again at most (one block again in a sequential design): the done-when of
+        # a study that recovers is that a disturbance costs at most half the quiet study's measuring
+        max_extra_rounds=_int(m, "max_extra_rounds", "plan", max(1, rounds // 2), minimum=0),
+        disturbed_above_cores=_cores(m, "disturbed_above_cores", DEFAULT_LIMIT_CORES))

@@ -8,6 +8,14 @@ block per concurrency; `interleaved` starts every server at once and runs the pe
 rounds of one block per variant, the order rotated each round (`specwatch.experiment.blocks`), so
 that whatever slows the machine slows every variant of a round. A variant with a `done` status is
 never redone or touched; anything else is set aside under `interrupted/` and redone.
+
+Recovery: while each block runs the runner reads what others took from the machine
+(`specwatch.experiment.disturbance`, a rule fixed before any result is read). At the end of a
+concurrency's rounds a disturbed round is measured again as a new round, in the replaced round's
+order and with its share of requests, up to the plan's `max_extra_rounds`; the replaced round's
+blocks stay on disk, marked `replaced_by`, and are left out of the merged pass (a sequential
+design measures the disturbed block again at once). Every block records its signal in
+`status.json`; the report lists what was replaced and why.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_
 from specwatch.backends.base import HOST, Server
 from specwatch.config import Home
 from specwatch.exit_codes import EXIT_CHECK, EXIT_ERROR, EXIT_OK
-from specwatch.experiment import blocks, environment, passes
+from specwatch.experiment import blocks, disturbance, environment, passes
 from specwatch.experiment.blocks import bracket, rotation
 from specwatch.experiment.layout import (
     DONE,
@@ -164,6 +172,8 @@ class Runner:
         self.workloads: dict[str, Path] = {}
         self.rows: dict[str, list[Row]] = {}
         self.inputs: dict[str, str] = {}
+        # why the machine is not watched (a server in a container), or None: it is
+        self.unwatched = disturbance.unwatchable({v.name: v.backend.kind for v in plan.variants})
 
     # -- the run folder ---------------------------------------------------------------------------
 
@@ -314,6 +324,12 @@ class Runner:
         record = read_json_object(self.run.run) or {}
         record["attempts"][-1]["finished"] = _now()
         record.update(design=self.plan.design, rounds=self.plan.rounds)
+        record["servers"] = {**record.get("servers", {}), **{  # what else the sides may differ in (the report names it)
+            name: environment.server_identity(read_json_object(self.run.variant(name).environment) or {})
+            for name in statuses}}
+        record["recovery"] = {"max_extra_rounds": self.plan.max_extra_rounds,
+                              "disturbed_above_cores": self.plan.disturbed_above_cores, "not_watched": self.unwatched,
+                              "replaced": replaced_rounds(statuses)}
         record["statuses"] = {**record.get("statuses", {}),
                               **{n: {k: s.get(k) for k in ("state", "ok")} for n, s in statuses.items()}}
         write_json(self.run.run, record)
@@ -328,6 +344,11 @@ class Runner:
                 self._guard(s, partial(self._open, s, step, advance))
                 for c in self._concurrencies():
                     self._guard(s, partial(self._block, s, c, 1, step, advance))
+
+                    def again(r: int, new: int, share: int, c: int = c) -> None:
+                        self._guard(s, partial(self._block, s, c, new, step, _quiet, share, r))
+
+                    self._recover([s], c, again)
                 self._guard(s, partial(self._close, s, step))
             return self._finish(s, step, advance)
 
@@ -347,6 +368,12 @@ class Runner:
                 for r in range(1, self.plan.rounds + 1):
                     for name in rotation(list(live), r):
                         self._guard(live[name], partial(self._block, live[name], c, r, step, advance))
+
+                def again(r: int, new: int, share: int, c: int = c) -> None:
+                    for name in rotation(list(live), r):  # the replaced round's order
+                        self._guard(live[name], partial(self._block, live[name], c, new, step, _quiet, share, r))
+
+                self._recover(list(live.values()), c, again)
             for s in live.values():
                 self._guard(s, partial(self._close, s, step))
             return [self._finish(s, step, advance) for s in todo]
@@ -362,21 +389,34 @@ class Runner:
                 (c, r, name) for c in self._concurrencies() for r in range(1, self.plan.rounds + 1)
                 for name in bracket(list(by_name), r)] or [(None, 1, name) for name in by_name]
             current: Serving | None = None
-            for c, r, name in plan:
+
+            def block(c: int | None, r: int, name: str, share: int | None = None, replaces: int | None = None) -> None:
+                nonlocal current
                 s = by_name[name]
                 if "error" in s.status:
-                    continue
+                    return
                 if current is not s:
                     if current is not None:
                         self._guard(current, partial(self._snapshot_after, current))
                         self._down(current, step)
                     current = None
                     if not self._start(s, step, advance):
-                        continue
+                        return
                     current = s
                     self._guard(s, partial(self._open, s, step, advance))
                 if c is not None:
-                    self._guard(s, partial(self._block, s, c, r, step, advance))
+                    self._guard(s, partial(self._block, s, c, r, step, advance if replaces is None else _quiet,
+                                           share, replaces))
+
+            for i, (c, r, name) in enumerate(plan):
+                block(c, r, name)
+                if c is not None and (i + 1 == len(plan) or plan[i + 1][0] != c):  # the concurrency's last block
+
+                    def again(r: int, new: int, share: int, c: int = c) -> None:
+                        for name in bracket(list(by_name), r):  # the replaced round's order
+                            block(c, new, name, share, r)
+
+                    self._recover(todo, c, again)
             if current is not None:
                 self._guard(current, partial(self._snapshot_after, current))
                 self._down(current, step)
@@ -459,7 +499,8 @@ class Runner:
         write_json(folder.environment, environment.environment(
             url=url, command=backend.command_line(s.launch), args=s.launch.args, model=v.model,
             speculative_config=v.speculative_config, backend=backend.describe(), inputs=self.inputs,
-            metrics_text=before_env.text, startup_seconds=s.status["startup_seconds"], has_help=bool(help_text)))
+            metrics_text=before_env.text, startup_seconds=s.status["startup_seconds"], has_help=bool(help_text),
+            server_log=folder.server_log.read_text(errors="replace") if folder.server_log.exists() else ""))
         self._warm_up(s, step)
         s.before = snapshot.take(url)
         snapshot.write(s.before, folder.metrics_before)
@@ -483,25 +524,56 @@ class Runner:
         assert s.before is not None
         s.differences.append(snapshot.diff(s.before, after))
 
-    def _block(self, s: Serving, c: int, r: int, step: Step, advance: Advance) -> None:
-        """Round `r`'s block at concurrency `c`: its share of the pass's requests (Locust's warm-up in the
-        first round only)."""
+    def _block(self, s: Serving, c: int, r: int, step: Step, advance: Advance, share: int | None = None,
+               replaces: int | None = None) -> None:
+        """Round `r`'s block at concurrency `c`: the share of the pass's requests of round `share` (its own by
+        default; a re-measured round takes the replaced one's), Locust's warm-up in the first round only, and
+        what others took from the machine meanwhile."""
         perf = self.plan.performance
         assert perf is not None
-        step(f"{s.variant.name}: performance, concurrency {c}, round {r} of {self.plan.rounds}")
+        again = f" (again, for round {replaces})" if replaces is not None else ""
+        step(f"{s.variant.name}: performance, concurrency {c}, round {r} of {self.plan.rounds}{again}")
         started = time.time()
+        before = disturbance.read() if self.unwatched is None else None
         passes.performance_pass(s.url, self.workloads, s.folder.block(c, r), perf, c, self.plan.served_model_name,
-                                requests=perf.block_requests(c, self.plan.rounds, r),
+                                requests=perf.block_requests(c, self.plan.rounds, share or r),
                                 warmup=perf.warmup if r == 1 else 0)
-        s.blocks.append({"concurrency": c, "round": r, "start": started, "end": time.time()})
+        record: dict[str, Any] = {"concurrency": c, "round": r, "start": started, "end": time.time()}
+        machine = disturbance.between(before, disturbance.read() if before is not None else None)
+        if machine is not None:
+            record.update(machine=machine.record(), disturbed=machine.disturbed(self.plan.disturbed_above_cores))
+        if replaces is not None:
+            record["replaces"] = replaces
+        s.blocks.append(record)
         advance()
+
+    def _recover(self, servings: Sequence[Serving], c: int, measure: Callable[[int, int, int], None]) -> None:
+        """Measure the disturbed rounds at `c` again, oldest first, each as a new round (`measure(replaced, new,
+        share)`: the round replaced, the new round's number, whose share of requests it takes), up to the plan's
+        `max_extra_rounds`; the replaced round's blocks are marked `replaced_by` and left out of the merge."""
+        share: dict[int, int] = {}
+        for _ in range(self.plan.max_extra_rounds):
+            live = [s for s in servings if "error" not in s.status]
+            at_c = [b for s in live for b in s.blocks if b["concurrency"] == c]
+            pending = sorted({b["round"] for b in at_c if b.get("disturbed") and "replaced_by" not in b})
+            if not pending:
+                return
+            r, new = pending[0], max(b["round"] for b in at_c) + 1
+            why = next(b["disturbed"] for b in at_c if b["round"] == r and b.get("disturbed"))
+            self.console.print(f"round {r} at concurrency {c} was disturbed ({why}): measuring it again as round {new}")
+            share[new] = share.get(r, r)
+            measure(r, new, share[new])
+            for s in live:
+                for b in s.blocks:
+                    if b["concurrency"] == c and b["round"] == r:
+                        b["replaced_by"] = new
 
     def _close(self, s: Serving, step: Step) -> None:
         """The blocks merged per concurrency, the last snapshot, the reconciliation."""
         v, folder = s.variant, s.folder
         perf: dict[str, Any] = {}
         for c in self._concurrencies():
-            rounds = sorted({b["round"] for b in s.blocks if b["concurrency"] == c})
+            rounds = sorted({b["round"] for b in s.blocks if b["concurrency"] == c and "replaced_by" not in b})
             summary = blocks.merge(folder, c, rounds)
             failures = sum(t["failures"] for t in summary["tasks"].values())
             perf[f"c{c}"] = {"failures": failures, "locust_exit_code": summary["locust_exit_code"], "rounds": rounds}
@@ -551,6 +623,25 @@ class Runner:
         if key not in self.help:
             self.help[key] = self.helpers.submit(backend.help_text)
         return self.help[key]
+
+
+def _quiet() -> None:
+    """The progress bar's steps count the plan's rounds: a re-measured block advances none."""
+
+
+def replaced_rounds(statuses: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every replaced round, once per concurrency: the round, the one that replaced it, and why (run.json)."""
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for status in statuses.values():
+        for b in status.get("blocks") or []:
+            if "replaced_by" in b:
+                entry = out.setdefault((b["concurrency"], b["round"]), {
+                    "concurrency": b["concurrency"], "round": b["round"], "replaced_by": b["replaced_by"],
+                    "reason": None, "outside_cores": 0.0})
+                if b.get("disturbed") and entry["reason"] is None:
+                    entry["reason"] = b["disturbed"]
+                entry["outside_cores"] = max(entry["outside_cores"], (b.get("machine") or {}).get("outside_cores", 0))
+    return [out[k] for k in sorted(out)]
 
 
 def cell_line(v: Variant, concurrency: int, summary: Mapping[str, Any], rows: Sequence[RequestResult]) -> str:

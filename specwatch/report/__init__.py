@@ -3,7 +3,9 @@
 Modules: `results` (read the experiment's folder), `quality` (greedy identity, the code edit check),
 `judgements` (performance judged on per-request samples by `specwatch.judge` with the canary policy, once per
 report: every candidate, task, concurrency and metric), `verdict` (GO / NO-GO / INCONCLUSIVE: the article's
-rules on those judgements), `plots` (matplotlib PNGs), `render` (Markdown, HTML).
+rules on those judgements), `drift` (each side against itself), `modes` (a cell split in two), `confounders`
+(what the two servers differ in beyond speculation), `rounds` (the rounds re-measured), `plots` (matplotlib
+PNGs), `render` (Markdown, HTML).
 """
 
 from __future__ import annotations

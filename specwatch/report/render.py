@@ -8,11 +8,14 @@ import re
 from pathlib import Path
 
 from specwatch.acceptance import OF_REACHED, PER_DRAFT
+from specwatch.load.results import percentile
+from specwatch.report import rounds
 from specwatch.report.judgements import TITLES, Judgements
 from specwatch.report.plots import DASHBOARD_QUERIES_PNG
 from specwatch.report.quality import NEAR_TIE_NATS, code_correct_share, identity
 from specwatch.report.results import RunResults
 from specwatch.report.verdict import Verdict
+from specwatch.stats import median
 
 
 def _f(value: float | None, fmt: str = ".3f") -> str:
@@ -48,6 +51,46 @@ def _judged(run: RunResults, baseline: str, judgements: Judgements) -> list[str]
                     p = "-" if cmp.p_value is None else f"{cmp.p_value:.2g}"
                     lines.append(f"| {v.name} | {base.name} | {task} | {c} | {TITLES[m.metric]} | {effect} | "
                                  f"{rounds} | {cmp.n_baseline} / {cmp.n_candidate} | {p} | {m.finding} |")
+    return lines
+
+
+def _median(values: list[float]) -> float | None:
+    return median(values) if values else None
+
+
+def _clock(run: RunResults, concurrency: int, task: str) -> bool:
+    """TPOT from the servers' own clocks where every variant's server timed every request of the cell: then every
+    comparison the judge made in it used that clock (`specwatch.report.judgements.server_clock`)."""
+    cells = [v for v in run.variants if v.requests.get(concurrency, {}).get(task)]
+    return bool(cells) and all(v.server_clock(concurrency, task) for v in cells)
+
+
+def _performance(run: RunResults) -> list[str]:
+    """Each variant's own requests, per request as the judge reads them (`request_value`): the median (the judge's
+    central figure of a side) and TPOT's p95, so the table and the verdicts' lines say the same thing."""
+    lines = ["", "## Performance (per request, each variant over its own requests; times in ms)", "",
+             "Each figure is over the variant's own measured requests of the cell (warm-ups and replaced rounds left "
+             "out), one value per request, as the judge reads them: TPOT = (last token - first token) / (output "
+             "tokens - 1) (the server's own mean inter-token latency where every server timed every request: "
+             "'server clock'), ITL p95 = the request's own 95th percentile gap, output tok/s = the request's output "
+             "tokens / its own time from sending to its last token. p50 is the median over requests, the figure the "
+             "judge compares; tok/s is not tokens over a span of the study, which would count other variants' "
+             "blocks.", "",
+             "| variant | task | concurrency | requests (ok / sent) | TTFT p50 | TPOT p50 | TPOT p95 | ITL p95, p50 "
+             "over requests | output tok/s, p50 over requests |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for v in run.variants:
+        for c in sorted(set(v.perf) | set(v.requests)):
+            for task in sorted(set(v.perf.get(c, {})) | set(v.requests.get(c, {}))):
+                rows = v.requests.get(c, {}).get(task, [])
+                clock = _clock(run, c, task)
+                ms = {m: [x * 1000 for x in v.samples(c, task, m, clock)] for m in ("tpot", "itl_p95")}
+                ttft = [r.ttft_s * 1000 for r in rows if r.ok and r.ttft_s is not None]
+                tps = v.samples(c, task, "output_tps", clock)
+                tpot = f"{_f(_median(ms['tpot']), '.2f')}{' (server clock)' if clock else ''}"
+                lines.append(f"| {v.name} | {task} | {c} | {sum(r.ok for r in rows)} / {len(rows)} | "
+                             f"{_f(_median(ttft), '.1f')} | {tpot} | {_f(percentile(ms['tpot'], 95), '.2f')} | "
+                             f"{_f(_median(ms['itl_p95']), '.2f')} | {_f(_median(tps), '.2f')} |")
     return lines
 
 
@@ -108,22 +151,28 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
              *_design(run), "",
              "EAGLE-3 runs for real on vLLM's CPU build (a head `specwatch models build --eagle3` trains); MTP exists "
              "only in the simulator (no multi-token-prediction model fits two cores), so an MTP row is simulated.", "",
-             "## Variants and backends", "", "| variant | state | backend | method | num_gpu_blocks | reconciled |",
-             "|---|---|---|---|--:|---|"]
+             "## Variants and backends", "",
+             "vLLM: the server's `GET /version`; model runner: V1 or V2 where the server's log said which ('-': not "
+             "told). A verdict whose two servers differ in more than their speculative config names it.", "",
+             "| variant | state | backend | method | num_gpu_blocks | reconciled | vLLM | model runner |",
+             "|---|---|---|---|--:|---|---|---|"]
     for v in run.variants:
         lines.append(f"| {v.name} | {v.state}{': ' + v.error if v.error else ''} | {v.backend or '-'} | "
                      f"{v.method or 'none'} | {v.num_gpu_blocks if v.num_gpu_blocks is not None else '-'} | "
-                     f"{'-' if v.reconciled is None else ('yes' if v.reconciled else 'NO')} |")
+                     f"{'-' if v.reconciled is None else ('yes' if v.reconciled else 'NO')} | "
+                     f"{v.server_version or '-'} | {v.model_runner or '-'} |")
     lines += ["", "## Go / no-go", "",
               "GO: TPOT and output tok/s both better than the baseline beyond the tolerance, with evidence; NO-GO: "
               "TPOT or output tok/s worse beyond the tolerance, outputs that differ, or KV capacity lost above the "
               "bound (a worse ITL p95 is a caution: speculation streams in bursts of a verify step); "
               f"INCONCLUSIVE otherwise (fewer than {policy.min_samples} requests per side, no change beyond the "
               "tolerance, an interval that reaches beyond it, or a machine that drifted in a way the design cannot "
-              "cancel). Each metric: effect [interval], n = baseline / candidate requests; each line names the "
-              "baseline's drift against itself over the study.", "",
+              "cancel, or a metric whose requests split into two modes). Each metric: effect [interval], n = "
+              "baseline / candidate requests; each line names each side's drift against itself over the study, and "
+              "what the two servers differ in beyond speculation.", "",
               "| variant | task | verdict |", "|---|---|---|"]
     lines += [f"| {v.variant} | {v.task} | **{v.label}**: {v.reason} |" for v in verdicts]
+    lines += rounds.section(run)
     lines += ["", "## Acceptance (acceptance pass)", "",
               "| variant | task | requests | C | D | R | C/D | 1+C/R | drafted share | histogram 0..k |",
               "|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
@@ -133,19 +182,7 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
                          f"{_f(a.acceptance_rate)} | {_f(a.mean_acceptance_length, '.2f')} | "
                          f"{_f(a.drafted_token_share)} | {' '.join(map(str, a.histogram))} |")
     lines += _by_position(run)
-    lines += ["", "## Performance (Locust, medians and tails in ms)", "",
-              "| variant | task | concurrency | TTFT p50 | TPOT p50 | TPOT p95 | ITL p95 | ITL p99 | output tok/s "
-              "| failures |",
-              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
-    for v in run.variants:
-        for c in sorted(v.perf):
-            for task, s in sorted(v.perf[c].items()):
-                lines.append(f"| {v.name} | {task} | {c} | {_f((s.get('ttft_ms') or {}).get('p50'), '.1f')} | "
-                             f"{_f((s.get('tpot_ms') or {}).get('p50'), '.2f')} | "
-                             f"{_f((s.get('tpot_ms') or {}).get('p95'), '.2f')} | "
-                             f"{_f((s.get('itl_ms') or {}).get('p95'), '.2f')} | "
-                             f"{_f((s.get('itl_ms') or {}).get('p99'), '.2f')} | "
-                             f"{_f(s.get('output_tokens_per_second'), '.1f')} | {s.get('failures', '-')} |")
+    lines += _performance(run)
     lines += _judged(run, baseline, judgements)
     judged_against = {v.name: base for v, base in run.candidates(baseline)}
     lines += ["", "## Quality (greedy outputs of the acceptance pass)", "",

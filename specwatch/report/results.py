@@ -19,6 +19,7 @@ import yaml
 
 from specwatch import snapshot
 from specwatch.acceptance import Acceptance, parse, spec_field
+from specwatch.experiment.environment import server_identity
 from specwatch.experiment.layout import RunFolder, RunFolderError, VariantFolder, read_jsonl
 from specwatch.load.results import RequestResult, percentile
 
@@ -79,6 +80,9 @@ class VariantResults:
     server: snapshot.Figures | None = None       # snapshot difference over all passes
     reconciled: bool | None = None
     blocks: list[dict[str, Any]] = field(default_factory=list)  # the performance blocks: concurrency, round, times
+    server_version: str | None = None            # environment.json: the server's `GET /version`
+    model_runner: str | None = None              # environment.json: "V1" / "V2" where the server's log said
+    argv: list[str] | None = None                # environment.json: the server's arguments
 
     def server_clock(self, concurrency: int, task: str) -> bool:
         """Whether every ok measured request has the server's own TPOT (`--enable-per-request-metrics`)."""
@@ -198,6 +202,10 @@ def _variant(folder: VariantFolder, name: str, spec: dict[str, Any]) -> VariantR
         result.backend = str(backend.get("kind") or backend.get("name")) if isinstance(backend, dict) else backend
         blocks = env.get("num_gpu_blocks")
         result.num_gpu_blocks = int(blocks) if blocks not in (None, "None", "") else None
+        identity = server_identity(env)
+        result.server_version, result.model_runner = identity["vllm_version"], identity["model_runner"]
+        argv = env.get("argv")
+        result.argv = [str(a) for a in argv] if isinstance(argv, list) else None
     for path in folder.acceptance_files():
         acc = Acceptance()
         outputs: list[Output] = []

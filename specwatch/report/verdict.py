@@ -23,12 +23,17 @@ The verdict:
 - INCONCLUSIVE: anything else. Fewer samples than the judge's minimum (the canary's
   `insufficient`) never gives a GO or a NO-GO on performance; nor does a change within the
   tolerance (the canary's `pass`) or an interval that reaches beyond it ("undecided"); nor a
-  missing baseline; nor a machine that drifted in a way the design cannot cancel.
+  missing baseline; nor a machine that drifted in a way the design cannot cancel (either side's drift:
+  `_drift_reason`); nor, on TPOT or output tok/s, requests of either side that split into two modes
+  further apart than the tolerance (`specwatch.report.modes`): the line says so.
 
 In rounds (an interleaved or bracketed study) each metric is compared within rounds
-(`specwatch.judge.blocked`: an interval over requests and one over rounds). Every line names the
-baseline's drift against itself over the study (`specwatch.report.drift`); `_drift_reason` says
-when that drift voids a decision and when the blocking cancelled it.
+(`specwatch.judge.blocked`: an interval over requests and one over rounds). Every line names each
+side's drift against itself over the study (`specwatch.report.drift`); `_drift_reason` says when a
+drift voids a decision and when the blocking cancelled it. Two servers that differ in more than their
+speculative config (vLLM version, model runner, backend, other argv: `specwatch.report.confounders`)
+are named on the line ("the sides differ beyond speculation: ..."); that alone voids nothing: the
+comparison is measured, of more than speculation, and the reader is told.
 Reasons name the article's two traps: gains only at concurrencies below the target, and high
 acceptance (exact C / D >= 60 %) without an end-to-end gain.
 """
@@ -41,6 +46,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specwatch.canary import policy as policy_mod
+from specwatch.judge import Band
+from specwatch.report import confounders
 from specwatch.report.drift import Drift, drift
 from specwatch.report.judgements import (
     TITLES,
@@ -52,6 +59,7 @@ from specwatch.report.judgements import (
     server_clock,
     variant_tasks,
 )
+from specwatch.report.modes import two_modes
 from specwatch.report.quality import NEAR_TIE_NATS, identity
 from specwatch.report.results import RunResults, VariantResults
 from specwatch.stats import Shift, ratio_of_sums
@@ -120,20 +128,27 @@ def _gain(lines: Sequence[MetricLine]) -> bool:
 
 @dataclass(frozen=True)
 class Drifts:
-    """The TPOT drift of each side against itself over the study (the A/A test, every task pooled)."""
+    """The TPOT drift of each side against itself over the study (the A/A test, every task pooled), and each
+    side's move between the rounds where the other side moved most (None where those rounds lack its requests)."""
 
     base: Drift | None  # the baseline's largest move
     cand_alongside: Drift | None  # the candidate's move between the same two rounds
     cand: Drift | None  # the candidate's own largest move
+    base_alongside: Drift | None = None  # the baseline's move between the candidate's two rounds
 
 
 def drifts(v: VariantResults, baseline: VariantResults, task: str, target: int, policy: policy_mod.Policy) -> Drifts:
     tpot = band(metric_policy(policy, "tpot"))
     clock = server_clock(v, baseline, target, task)
     base = drift(baseline, target, "tpot", tpot, clock)
-    pair = (base.first, base.second) if base is not None and base.first.startswith("round") else None
-    return Drifts(base, drift(v, target, "tpot", tpot, clock, pair) if pair else None,
-                  drift(v, target, "tpot", tpot, clock))
+    cand = drift(v, target, "tpot", tpot, clock)
+
+    def alongside(of: VariantResults, moved: Drift | None) -> Drift | None:
+        if moved is None or not moved.first.startswith("round"):
+            return None
+        return drift(of, target, "tpot", tpot, clock, (moved.first, moved.second))
+
+    return Drifts(base, alongside(v, base), cand, alongside(baseline, cand))
 
 
 @dataclass(frozen=True)
@@ -145,52 +160,111 @@ class DriftNote:
     first: bool = False  # it explains the verdict: said before the figures
 
 
-def _drift_reason(design: str, d: Drifts, perf: Sequence[MetricLine], decided: bool, tolerance: float) -> DriftNote:
+def _within(base: Drift | None, title: str) -> str:
+    """' (baseline TPOT -3 % between round 2 and round 4, within the tolerance)': the baseline's own drift, named
+    where the line is about another move."""
+    if base is None or base.beyond:
+        return ""
+    return f" ({base.text(title)}, within the tolerance)"
+
+
+def _drift_reason(design: str, d: Drifts, perf: Sequence[MetricLine], decided: bool, tpot_band: Band) -> DriftNote:
     """What the verdict's line says about drift, and whether the drift voids a decision on performance.
 
-    Sequential: a baseline that moved beyond the tolerance within its window voids it (nothing can cancel it).
-    In rounds: a baseline that moved beyond the tolerance between two rounds while the candidate, between the
-    same rounds, did not move with it (`_unlike`) voids it: the blocks of those rounds saw different conditions.
-    A drift that hit both sides alike is cancelled by the blocking and named. A comparison left undecided says
-    first what moved: either side beyond the tolerance, or rounds whose own effects disagree (decided over
-    requests, not over rounds: the blocks of a round saw different conditions)."""
-    title, base = TITLES["tpot"], d.base
+    Each side's drift is its largest TPOT move against itself (`specwatch.report.drift`); it is beyond the tolerance
+    when the move's whole interval lies outside the band. The same rule holds for the baseline and the candidate.
+
+    Sequential: either side beyond the tolerance within its own window voids a decision (nothing can cancel it).
+    In rounds (interleaved, bracketed; from 2 rounds on): a side that moved beyond the tolerance between two rounds
+    voids it unless the other side, between the same rounds, moved alike (`_alike`: the ratio of the two moves has
+    an interval inside the tolerance band); the blocking then cancels it, and the line names both moves. A move the
+    other side did not make, or one where the intervals are too wide to tell, voids it. A comparison left undecided
+    says first where the rounds' own effects disagree (decided over requests, not over rounds)."""
+    title, base, cand = TITLES["tpot"], d.base, d.cand
+    moved = [x for x in (base, cand) if x is not None and x.beyond]
     if design == "sequential":
+        if moved:
+            return DriftNote(f"the machine drifted: {'; '.join(x.text(title) for x in moved)}; a sequential design "
+                             f"cannot cancel it{_within(base, title)}", voids=True, first=True)
         if base is None:
             return DriftNote("drift not measured (too few baseline requests); a sequential design neither sees nor "
                              "cancels drift between the variants' windows")
-        if base.beyond:
-            return DriftNote(f"the machine drifted: {base.text(title)}; a sequential design cannot cancel it",
-                             voids=True, first=True)
-        return DriftNote(f"drift: {base.text(title)}, within the tolerance; a sequential design neither sees nor "
-                         "cancels drift between the variants' windows")
+        own = f" and {cand.text(title)}" if cand is not None else ""
+        return DriftNote(f"drift: {base.text(title)}{own}, within the tolerance; a sequential design neither sees "
+                         "nor cancels drift between the variants' windows")
+    voiding: list[str] = []
+    cancelled: list[str] = []
+    for x, other in ((base, d.cand_alongside), (cand, d.base_alongside)):
+        if x is None or not x.beyond:
+            continue
+        if other is None:
+            voiding.append(f"{x.text(title)}, the other side not measured in those rounds")
+            continue
+        alike, ratio = _alike(x.ratio, other.ratio, tpot_band)
+        both = f"{x.text(title)} against {other.variant} {pct(other.ratio.estimate)} between the same rounds"
+        if alike:
+            cancelled.append(f"{both}: alike (their ratio {pct(ratio.estimate)} [{pct(ratio.low)}, {pct(ratio.high)}],"
+                             " inside the tolerance)")
+        elif _unlike(x.ratio, other.ratio, tpot_band):
+            voiding.append(f"{both} (the blocks of those rounds saw different conditions)")
+        else:
+            voiding.append(f"{both} (their ratio {pct(ratio.estimate)} [{pct(ratio.low)}, {pct(ratio.high)}] reaches "
+                           "beyond the tolerance: too few requests per round to tell whether both moved alike)")
+    disagree = [] if decided else [
+        f"the rounds disagree on {TITLES[m.metric]} ({pct(min(m.comparison.per_round))} .. "
+        f"{pct(max(m.comparison.per_round))} by round)" for m in perf
+        if m.metric in DECIDING and m.comparison is not None and m.comparison.rounds_disagree]
+    if voiding or disagree:
+        return DriftNote(f"the machine drifted: {'; '.join(voiding + disagree)}: no decision{_within(base, title)}",
+                         voids=bool(voiding), first=True)
+    if cancelled:
+        return DriftNote(f"drift: {'; '.join(cancelled)}, beyond the tolerance; compared within rounds, the "
+                         f"blocking cancels it{_within(base, title)}")
     if base is None:
         return DriftNote("drift not measured (too few baseline requests per round)")
-    along = d.cand_alongside
-    if base.beyond and (along is None or _unlike(base.ratio, along.ratio, tolerance)):
-        alongside = f", {along.variant} {pct(along.ratio.estimate)} between the same rounds" if along else ""
-        return DriftNote(f"the machine drifted: {base.text(title)}{alongside}: the blocks of those rounds saw "
-                         "different conditions", voids=True, first=True)
-    if not decided:
-        moved = [x.text(title) for x in (base, d.cand) if x is not None and x.beyond]
-        moved += [f"the rounds disagree on {TITLES[m.metric]} ({pct(min(m.comparison.per_round))} .. "
-                  f"{pct(max(m.comparison.per_round))} by round)" for m in perf
-                  if m.metric in DECIDING and m.comparison is not None and m.comparison.rounds_disagree]
-        if moved:
-            named = "" if base.beyond else f" (baseline {base.text(title).partition(' ')[2]}, within the tolerance)"
-            return DriftNote(f"the machine drifted: {'; '.join(moved)}: no decision{named}", first=True)
-    if base.beyond:
-        assert along is not None
-        return DriftNote(f"drift: {base.text(title)} and {along.variant} {pct(along.ratio.estimate)} alike, beyond "
-                         "the tolerance; compared within rounds, the blocking cancels it")
-    return DriftNote(f"drift: {base.text(title)} over {base.parts} rounds, within the tolerance")
+    own = f", {cand.text(title)}" if cand is not None else ""
+    return DriftNote(f"drift: {base.text(title)}{own} over {base.parts} rounds, within the tolerance")
 
 
-def _unlike(base: Shift, cand: Shift, tolerance: float) -> bool:
-    """Two moves between the same rounds that differ with evidence: their intervals do not overlap, and their
-    estimates lie further apart than the tolerance."""
-    apart = abs(math.log(cand.estimate / base.estimate)) > math.log(1 + tolerance)
-    return apart and (base.low > cand.high or cand.low > base.high)
+def _alike(x: Shift, y: Shift, tpot_band: Band) -> tuple[bool, Shift]:
+    """Whether two moves between the same rounds are measured alike, and the ratio of the second to the first.
+
+    The ratio's interval is on the log scale the estimate of log(y / x) with a half-width of the root of the sum of
+    squares of the two moves' own half-widths (the two sides' requests are independent). Alike only when that whole
+    interval lies inside the tolerance band: the two moves are the same within the tolerance and measured narrowly
+    enough to say so. Too few requests per round give an interval that reaches beyond the band: not alike."""
+    half = math.hypot(math.log(x.high / x.low) / 2, math.log(y.high / y.low) / 2)
+    centre = math.log(y.estimate / x.estimate)
+    ratio = Shift(math.exp(centre), math.exp(centre - half), math.exp(centre + half), x.confidence)
+    return tpot_band.low <= ratio.low and ratio.high <= tpot_band.high, ratio
+
+
+def _unlike(x: Shift, y: Shift, tpot_band: Band) -> bool:
+    """Two moves between the same rounds that differ with evidence: the ratio's interval (`_alike`) lies wholly
+    outside the tolerance band."""
+    _, ratio = _alike(x, y, tpot_band)
+    return ratio.low > tpot_band.high or ratio.high < tpot_band.low
+
+
+def _split(v: VariantResults, baseline: VariantResults, task: str, target: int, policy: policy_mod.Policy
+           ) -> dict[str, str]:
+    """The deciding metrics (TPOT, output tok/s) whose requests split into two modes further apart than the
+    tolerance on either side (`specwatch.report.modes`), each with the line that says so: no GO or NO-GO rests on
+    them."""
+    clock = server_clock(v, baseline, target, task)
+    out: dict[str, str] = {}
+    for metric in DECIDING:
+        title = TITLES[metric]
+        scale, unit = (1000.0, " ms") if metric == "tpot" else (1.0, " tok/s")
+        found = []
+        for side in (baseline, v):
+            m = two_modes(side.samples(target, task, metric, clock), band(metric_policy(policy, metric)))
+            if m is not None:
+                found.append(f"{side.name} {title} splits into two modes {pct(m.apart)} apart ({m.low_n} requests "
+                             f"around {m.low * scale:.3g}{unit}, {m.high_n} around {m.high * scale:.3g}{unit})")
+        if found:
+            out[metric] = f"{'; '.join(found)}: one shift does not describe it, no GO or NO-GO on {title}"
+    return out
 
 
 def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, target: int, bound: float,
@@ -205,21 +279,26 @@ def _judge_one(v: VariantResults, baseline: VariantResults | None, task: str, ta
     perf = judgements.perf(v.name, task, target)
     reasons.append(f"at concurrency {target}: " + "; ".join(m.text for m in perf))
     gates, kind = deciding(policy, baseline.speculative)
-    worse = [TITLES[m.metric] for m in perf if m.finding == "worse" and m.metric in gates]
-    decided = bool(worse) or _gain(perf)
+    split = _split(v, baseline, task, target, policy)
+    worse = [TITLES[m.metric] for m in perf if m.finding == "worse" and m.metric in gates and m.metric not in split]
+    decided = bool(worse) or (_gain(perf) and not split)
     note = _drift_reason(design, drifts(v, baseline, task, target, policy), perf, decided,
-                         metric_policy(policy, "tpot").allowed_increase)
+                         band(metric_policy(policy, "tpot")))
     void = note.voids
     if void:
         worse = []
     reasons.insert(0 if note.first else len(reasons), note.text)
+    reasons += split.values()
+    beyond = confounders.sentence(v, baseline)
+    if beyond is not None:  # named, not voiding: the comparison is still measured, of more than speculation
+        reasons.append(beyond)
     if worse:
         no_go = True
         reasons.append(f"{' and '.join(worse)} worse than the baseline beyond the tolerance")
     if any(m.finding == "worse" for m in perf if m.metric not in gates):
         reasons.append("caution: ITL p95 worse beyond the tolerance (tokens arrive in bursts: a verify step "
                        f"takes longer than a plain one; a caution when comparing {kind.replace('_', ' ')})")
-    gain = _gain(perf) and not void
+    gain = _gain(perf) and not void and not any(m in split for m in DECIDING)
     judged = all(m.finding != "insufficient data" for m in perf if m.metric in ("tpot", "output_tps"))
     lines = list(perf)
     accept = _acceptance(v, task)
