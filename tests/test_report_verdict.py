@@ -457,3 +457,7 @@ def test_two_bfloat16_steps_read_through_a_float32_log_softmax_are_still_a_near_
 
     assert parting(0.125, 0.1252).near_tie() and parting(0.25, 0.0).near_tie()
     assert not parting(0.25, 0.125).near_tie() and not parting(0.125, 0.14).near_tie()
+    # an exact tie in one run (a coin flip there), one step of a logit between 64 and 128 in the other: numerics
+    assert parting(0.0, 0.4999999701976776).near_tie() and parting(0.5, 0.0).near_tie()
+    assert not parting(0.0, 0.75).near_tie() and not parting(0.0625, 0.5).near_tie()
+    assert not parting(0.0, 2.0).near_tie()
