@@ -277,7 +277,9 @@ def test_too_few_requests_is_insufficient_data_and_is_pushed(data: Path, tmp_pat
         assert task["verdict"] == "insufficient" and task["score"] is None
         assert "insufficient data" in task["reasons"][0]
     tpot = metric(doc, "code", "tpot")
-    assert tpot["n_baseline"] + tpot["n_candidate"] == 6
+    # the 6 requests, less any a stalled machine delivered in one read (no gap between tokens, no TPOT: once in a
+    # full run, 5); every one counted as a request below the minimum
+    assert 3 <= tpot["n_baseline"] + tpot["n_candidate"] <= 6, tpot
     for task in ("code", "chat"):
         assert exposition[("specwatch_canary_verdict", (("task", task), ("verdict", "insufficient")))] == 1
         assert exposition[("specwatch_canary_verdict", (("task", task), ("verdict", "pass")))] == 0
