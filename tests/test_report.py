@@ -329,12 +329,12 @@ def block_rows(run: Path, variant: str, round_: int) -> list[RequestResult]:
 @pytest.mark.real_vllm
 def test_a_cpu_hog_in_the_study_is_measured_again_and_the_verdicts_stand(
         home: Home, model_folders: ModelFolders, cpu_study: Study, tmp_path: Path) -> None:
-    """The demo's study again, with one busy process per core planted from its first performance block through the
-    next three (round 1 of five variants): the runner sees the CPU the hog took, measures the round again at the end,
-    and the verdicts rest on the clean rounds. At least 3 of the demo's 4 verdicts are the quiet study's, no decision
-    is reversed anywhere, the extra round costs at most half the quiet study's time, and the report names it."""
-    head = build_eagle3(home, model_folders.target, size=EAGLE3_SMALL)  # the quiet study's plan, EAGLE-3 included
-    hogged = run_study(home, tmp_path, demo_plan(model_folders, eagle3=head), hog_blocks=4)
+    """`make demo`'s study as written (baseline, n-gram, suffix), with one busy process per core planted from its first
+    performance block through round 1's three: the runner sees the CPU the hog took, measures the round again at the
+    end, and the verdicts rest on the clean rounds. At least 3 of the demo's 4 verdicts are the quiet study's (its
+    plan with two more variants), none reversed, the extra round costs at most half the quiet study's time, and the
+    report names it. The demo's plan alone, not the quiet study's five servers: half the time in the suite."""
+    hogged = run_study(home, tmp_path, (REPO / "examples" / "plans" / "cpu-study.yaml").read_text(), hog_blocks=3)
     assert hogged.hog is not None
     quiet, noisy = results.load(cpu_study.run), results.load(hogged.run)
     # the hog ran during the performance blocks, and slowed the ones it covered: the test can fail
@@ -373,7 +373,7 @@ def test_a_cpu_hog_in_the_study_is_measured_again_and_the_verdicts_stand(
         assert re.search(rf"^\| 2 \| {r} \| processes outside the study used [^\n]* \| round {by} \|$", md, re.M), md
     # the verdicts: no decision reversed, and at least 3 of the demo's 4 the quiet study's
     before, after = _verdicts(quiet), _verdicts(noisy)
-    assert before.keys() == after.keys()
+    assert set(DEMO_VERDICTS) == set(after) and set(after) <= set(before)
     flipped = [k for k in after if {before[k].outcome, after[k].outcome} == {"go", "no-go"}]
     assert not flipped, [(k, before[k].reason, after[k].reason) for k in flipped]
     # A quiet verdict voided by its own machine's drift could not decide (CI's shared machine did that once; a build
