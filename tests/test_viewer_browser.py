@@ -29,6 +29,7 @@ from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.viewer import WEB_ROOT
 from specwatch.workloads import write_article_workloads
 from tests.conftest import DETAILED_SIM_ARGS, Service, requests_by_variant
+from tests.test_locust_webui import CHROMIUM, CHROMIUM_ARGS  # one launch recipe for every browser test
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page, Response, ViewportSize
@@ -36,9 +37,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO / "test-artifacts" / "viewer"
 BASELINE_ARGS = ["Qwen/Qwen3-8B", "--served-model-name", "spec-demo", "--max-model-len", "4096",
                  "--max-num-seqs", "16", "--seed", "42", "--sim-time-scale", "0.02"]
