@@ -40,10 +40,9 @@ class ComposeStack:
     @classmethod
     def create(cls, project: str, profile: str, offline: bool, engine_env: Mapping[str, str],
                settings: Mapping[str, str]) -> ComposeStack:
-        ports = {"exporter": free_port(), "locust": free_port(), "prometheus": free_port(), "grafana": free_port()}
-        env = {**engine_env, "COMPOSE_PROFILES": profile, "EXPORTER_PORT": str(ports["exporter"]),
-               "LOCUST_PORT": str(ports["locust"]), "PROMETHEUS_PORT": str(ports["prometheus"]),
-               "GRAFANA_PORT": str(ports["grafana"]), **settings}
+        ports = {name: free_port() for name in ("exporter", "locust", "prometheus", "grafana", "viewer")}
+        env = {**engine_env, "COMPOSE_PROFILES": profile, **{f"{name.upper()}_PORT": str(port)
+                                                               for name, port in ports.items()}, **settings}
         return cls(project, profile, offline, env, ports)
 
     def url(self, service: str) -> str:

@@ -42,10 +42,10 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PASSWORD = "test-only-not-a-secret"
 
 PROFILES = ("cpu", "sim", "gpu")
-CORE = {"exporter", "prometheus", "grafana", "locust", "locust-worker"}
+CORE = {"exporter", "prometheus", "grafana", "viewer", "locust", "locust-worker"}
 SERVERS = {"cpu": ("vllm-baseline", "vllm-candidate"), "sim": ("sim-baseline", "sim-candidate"),
            "gpu": ("gpu-baseline", "gpu-candidate")}
-PUBLISHED = {"grafana": 3000, "locust": 8089, "exporter": 9400}
+PUBLISHED = {"grafana": 3000, "viewer": 8080, "locust": 8089, "exporter": 9400}
 # Ports of images whose command does not say (their defaults).
 DEFAULT_PORTS = {"prometheus": 9090, "grafana": 3000}
 LOCUST_MASTER_PORT = 5557
@@ -318,10 +318,11 @@ def test_services_wait_for_healthy_dependencies(profile: str) -> None:
     assert active("locust") == {"exporter"}
     assert active("locust-worker") == {"locust"}
     assert active("grafana") == {"prometheus"}
+    assert active("viewer") == {"prometheus", "exporter"}
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_only_grafana_locust_and_the_exporter_are_published_on_loopback(profile: str) -> None:
+def test_only_the_viewer_grafana_locust_and_the_exporter_are_published_on_loopback(profile: str) -> None:
     published = {name: s["ports"] for name, s in services(profile).items() if s.get("ports")}
     assert set(published) == set(PUBLISHED)
     for name, ports in published.items():

@@ -365,6 +365,42 @@ def test_a_pushed_canary_verdict_is_read_back_from_prometheus(stack: ComposeStac
     assert set(TASKS) <= set(verdicts), verdicts
 
 
+def test_the_viewer_draws_the_canary_score_the_exporter_exposes(stack: ComposeStack) -> None:
+    """Issue 41: the viewer service (in the specwatch image, on both build paths and every profile) draws the
+    Canary dashboard from the stack's Prometheus through its own proxy, and its *Canary score* panel shows, task
+    by task, the score on the exporter's /metrics. The scores are pushed as `specwatch canary --push-to` pushes
+    them, one per task and different, so a panel that showed the wrong series or none could not pass."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_locust_webui import CHROMIUM, CHROMIUM_ARGS
+    from tests.test_viewer_browser import STILL, VIEWPORT, panel_errors, shoot, stat_values
+
+    pushed = {"code": 87.0, "chat": 42.0}
+    answer = requests.post(stack.url("exporter") + "/admin/verdict", timeout=10,
+                           headers={"Authorization": f"Bearer {TOKEN}"},
+                           json={"tasks": {task: {"verdict": "marginal", "score": score}
+                                           for task, score in pushed.items()}})
+    assert answer.status_code == 200, answer.text
+    exposed = {dict(labels)["task"]: value for (name, labels), value in stack.exporter_samples().items()
+               if name == "specwatch_canary_score"}
+    assert exposed == pushed, exposed
+    stack.wait("the pushed scores in Prometheus",
+               lambda: True if stack.prometheus_values("specwatch_canary_score", "task") == exposed else None,
+               timeout=30)
+    assert requests.get(stack.url("viewer") + "/healthz", timeout=10).status_code == 200
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)  # every panel in view: Perses queries only those
+        page.goto(f"{stack.url('viewer')}/?dashboard=specwatch-canary{STILL}")
+        drawn = stack.wait("the Canary score panel's values in the viewer",
+                           lambda: stat_values(page, "Canary score") or None, timeout=60)
+        errors = panel_errors(page)
+        shoot(page, f"compose-{stack.profile}-specwatch-canary")
+        browser.close()
+    assert drawn == {task: f"{score:.0f}" for task, score in exposed.items()}, (drawn, exposed)
+    assert not errors, errors
+
+
 # --- faults a user will hit
 
 

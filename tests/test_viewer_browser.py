@@ -163,6 +163,15 @@ def panel_errors(page: Page) -> list[str]:
         "ps => ps.filter(p => p.querySelector('[role=alert]')).map(p => p.innerText.slice(0, 300))")
 
 
+def stat_values(page: Page, title: str) -> dict[str, str]:
+    """A stat panel's values as Perses's StatChart draws them (a series' name, then its value below it):
+    name -> the value's text; empty until drawn."""
+    panel = page.locator("[data-testid=panel]").filter(has=page.locator(f'h6[aria-label="{title}"]'))
+    pairs: list[list[str]] = panel.locator("figure p").evaluate_all(
+        "ps => ps.map(p => [p.innerText, p.nextElementSibling ? p.nextElementSibling.innerText : ''])")
+    return dict((name, value) for name, value in pairs)
+
+
 def shoot(page: Page, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / f"{name}.png"
@@ -221,6 +230,9 @@ def test_every_dashboard_renders_its_panels_with_data_and_the_task_picker_filter
             queries = panel_queries(board)
             expected = {q for qs in queries.values() for q in qs}
             open_dashboard(page, viewer.url, name, answers, expected)
+            title = page.get_by_test_id("dashboard-title").inner_text()
+            if title != board["spec"]["display"]["name"]:
+                problems.append(f"{name}: titled {title!r}, not its display name")
             drawn = page.locator("[data-testid=panel]").count()
             if drawn != len(queries) + repeated_copies(board, tasks):
                 problems.append(f"{name}: {drawn} panels drawn of {len(queries)} and the repeated copies")

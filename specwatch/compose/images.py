@@ -32,8 +32,8 @@ DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 OFFLINE_FILE = "compose.offline.yaml"
 TORCH_WHEEL = re.compile(r"^torch-[^-]+\+cpu-.*\.whl$")
-GRAFANA_NOTICE = ("Grafana is not part of the offline stack (no offline source of its image): Prometheus is "
-                  "published on 127.0.0.1:9090, the dashboards are specwatch/data/grafana/dashboards/*.json")
+GRAFANA_NOTICE = ("Grafana is not part of the offline stack (no offline source of its image): the viewer draws "
+                  "the same dashboards on 127.0.0.1:8080, Prometheus is published on 127.0.0.1:9090")
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,11 @@ function App() {
         isVariableEnabled={true}
         isDatasourceEnabled={false}
         isInitialVariableSticky={false}
+        dashboardTitleComponent={
+          <Typography variant="h2" data-testid="dashboard-title">
+            {resource.spec.display?.name ?? resource.metadata.name}
+          </Typography>
+        }
         sx={{ flex: 1, overflow: 'auto' }}
       />
     </Box>
