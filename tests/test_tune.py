@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from specwatch.simulator.tokens import tokenize
 from specwatch.tune import fit, proof
 from specwatch.tune.sweep import Sample, sample
 from specwatch.workloads import article_rows
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REPO = Path(__file__).parents[1]
 KS = (0, 1, 2, 3, 4)
@@ -231,15 +235,22 @@ def _check_tune_outputs(run: Path) -> dict[str, object]:
 def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     """A sweep of EAGLE-3 at k 0, 4, 12 and concurrency 1 and 64 on the simulator at H200 step times: tune keeps
     k = 12 where verifying 13 tokens per sequence is cheap (batch 1) and drops it where it costs several plain steps
-    (batch 64); the proof measures the table, and the simulator follows it."""
+    (batch 64); the proof measures the table, and the simulator follows it.
+
+    Run as a user types it: `make tune-sim`, this small plan in place of the long one and the results folder named
+    by a path relative to the checkout, as `results` is (issue 43: a relative run folder was joined twice and the
+    proof stopped, on every fresh clone). `-o .venv/.installed`: the environment is the one this test runs in."""
     plan = tmp_path / "plan.yaml"
     plan.write_text(SWEEP)
     out = tmp_path / "results"
-    assert cli.main(["experiment", str(plan), "--out", str(out), "--run-id", "t", "--no-prometheus"]) == cli.EXIT_OK
-    assert not (out / "t" / "variants" / "dynamic").exists()  # the experiment runs plans; tune drives the proof
-    assert cli.main(["tune", str(out / "t"), "--out", str(out / "t" / "tune")]) == cli.EXIT_OK
-    assert json.loads((out / "t" / "run.json").read_text())["variants"] == ["k0", "k4", "k12", "dynamic"]
-    got = _check_tune_outputs(out / "t")
+    done = subprocess.run(["make", "-o", ".venv/.installed", "tune-sim", f"TUNE_SIM_PLAN={os.path.relpath(plan, ROOT)}",
+                           f"RESULTS={os.path.relpath(out, ROOT)}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1500, check=False)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    [run] = out.iterdir()
+    assert run.name.startswith("tune-sim-"), run
+    assert json.loads((run / "run.json").read_text())["variants"] == ["k0", "k4", "k12", "dynamic"]
+    got = _check_tune_outputs(run)
     rec = got["rec"]
     assert isinstance(rec, dict)
     chosen = {c["batch"]: c["k"] for c in rec["choices"]}
@@ -260,20 +271,20 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     # a third on the model; one cell to the next moves by up to a third on a busy 2-core machine: the estimate only)
     mix = {r["concurrency"]: r for r in got["mix"]}  # type: ignore[attr-defined]
     assert mix[64]["single_k"] == 12 and mix[64]["vs_single"][0] > 1.0, mix[64]
-    status = json.loads((out / "t" / "variants" / "dynamic" / "status.json").read_text())
+    status = json.loads((run / "variants" / "dynamic" / "status.json").read_text())
     assert status["state"] == "done" and status["speculative_config"] == got["config"]
     # the cost table for the live dashboard carries the deployment's variant label, and only a valid one
-    assert cli.main(["tune", str(out / "t"), "--out", str(tmp_path / "live"), "--cost-variant", "candidate"]) == 0
+    assert cli.main(["tune", str(run), "--out", str(tmp_path / "live"), "--cost-variant", "candidate"]) == 0
     rules = yaml.safe_load((tmp_path / "live" / "cost-rules.yml").read_text())
     variants = {r["labels"]["variant"] for g in rules["groups"] for r in g["rules"] if "variant" in r.get("labels", {})}
     assert variants == {"candidate"}, variants
-    assert cli.main(["tune", str(out / "t"), "--out", str(tmp_path / "bad"), "--cost-variant", "Bad Name"]) == 2
+    assert cli.main(["tune", str(run), "--out", str(tmp_path / "bad"), "--cost-variant", "Bad Name"]) == 2
     # a deployment with data parallel above 1 ignores the per-batch-size table: tune says so where it is read
-    assert not json.loads((out / "t" / "tune" / "recommendation.json").read_text())["warnings"]
-    assert cli.main(["tune", str(out / "t"), "--out", str(tmp_path / "dp"), "--data-parallel-size", "2"]) == 0
+    assert not json.loads((run / "tune" / "recommendation.json").read_text())["warnings"]
+    assert cli.main(["tune", str(run), "--out", str(tmp_path / "dp"), "--data-parallel-size", "2"]) == 0
     assert "data parallel size 2" in json.loads((tmp_path / "dp" / "recommendation.json").read_text())["warnings"][0]
     assert "**Warning:** the deployment runs data parallel size 2" in (tmp_path / "dp" / "tune.md").read_text()
-    assert cli.main(["tune", str(out / "t"), "--out", str(tmp_path / "dp0"), "--data-parallel-size", "0"]) == 2
+    assert cli.main(["tune", str(run), "--out", str(tmp_path / "dp0"), "--data-parallel-size", "0"]) == 2
 
 
 @pytest.mark.real_vllm

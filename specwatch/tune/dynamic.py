@@ -24,7 +24,9 @@ from specwatch.experiment.runner import RunOptions, RunResult, run_plan, stop_on
 def measure(root: Path, config: Mapping[str, Any], home: Home, environ: Mapping[str, str],
             console: Console) -> RunResult:
     """Measure `config` as the variant `dynamic` of the sweep run at `root`; PlanError where its plan no longer
-    loads, RunConflict where the folder does not fit (its task files changed)."""
+    loads, RunConflict where the folder does not fit (its task files changed). A relative `root` (`make tune-sim`'s
+    `results/...`) is made absolute first: the plan's task paths are read against it and the inputs under it."""
+    root = root.resolve()
     run = RunFolder(root)
     try:
         text = run.plan.read_text(encoding="utf-8")
