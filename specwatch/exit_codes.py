@@ -1,5 +1,6 @@
-"""The exit codes every verb returns: 0 success, 1 a runtime failure (message on stderr), 2 a usage error,
-3 the job ran but a check failed (reconciliation mismatch, missing per-request fields).
+"""The exit codes the verbs share: 0 success, 1 a runtime failure (message on stderr), 2 a usage error,
+3 the job ran but a check failed (reconciliation mismatch, missing per-request fields). `specwatch canary`
+adds its verdicts' own on top (3 fail, 4 marginal, 5 insufficient data: `specwatch.canary.cli.EXIT_CODES`).
 
 A leaf: the verbs import it, and `specwatch.cli`, which loads the verbs, re-exports it.
 """

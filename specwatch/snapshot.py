@@ -19,6 +19,7 @@ from typing import Any
 
 import requests
 
+from specwatch.files import write_text
 from specwatch.vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS, CounterResetError, samples
 
 HEADER = "# specwatch-snapshot "
@@ -52,11 +53,8 @@ def take(url: str, timeout: float = 10) -> Snapshot:
 
 
 def write(snapshot: Snapshot, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = HEADER + json.dumps({"url": snapshot.url, "taken_at": snapshot.taken_at}) + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(header + snapshot.text)
-    tmp.replace(path)  # never half a snapshot on disk
+    write_text(path, header + snapshot.text)  # never half a snapshot on disk
 
 
 def read(path: Path) -> Snapshot:

@@ -33,7 +33,7 @@ import yaml
 
 from specwatch import cli, resources
 from specwatch.exporter.config import DEFAULT_ADMIN_TOKEN_ENV
-from specwatch.generated import stale_files
+from specwatch.files import stale_files
 from specwatch.grafana.dashboards import files
 from specwatch.k8s import dashboards, rules
 from specwatch.promconfig.server import EXPORTER_JOB, VLLM_JOB, PrometheusServer, Targets, host_port

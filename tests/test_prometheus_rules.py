@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from specwatch import resources
-from specwatch.generated import EXIT_STALE
+from specwatch.files import EXIT_STALE
 from specwatch.monitoring import MONITORING, AlertSetting
 from specwatch.promconfig import alerts, rule_tests, rules
 from specwatch.promconfig.cost_rules import StepCost, write_cost_rules

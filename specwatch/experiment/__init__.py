@@ -7,7 +7,8 @@ Locust block, reconciliation), `environment` (what ran),
 `timeline` (Prometheus beside the study), `layout` (where results go), `cli` (the verb).
 Servers come from `specwatch.backends`.
 
-Results layout, written as it is produced (every file through a temporary name and a rename):
+Results layout, written as it is produced (every record specwatch writes goes through a temporary name and a
+rename, `specwatch.files`; Locust writes its own CSVs and log of a block as it runs, and the server its log):
 
     results/<run-id>/
       plan.yaml                     the plan as given (a resume must pass the same text)
@@ -40,6 +41,8 @@ Results layout, written as it is produced (every file through a temporary name a
       interrupted/<name>-<time>/    an unfinished variant's partial results, set aside on --resume
       prometheus/                   the Prometheus that scraped each variant's server (config, data, log),
                                     when `prometheus` is on PATH and not --no-prometheus
+      sweep.json                    a sweep plan's cells (k x concurrency), for `specwatch tune`
+      tune/                         what `specwatch tune` writes: the recommendation, the cost table, the proof
       timeline.json                 the key dashboard queries (specwatch.grafana.key_queries) over each
                                     finished variant's window, 5 s steps: what the report plots over the run
 

@@ -14,7 +14,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from specwatch.experiment.layout import VariantFolder, write_json, write_text
+from specwatch.experiment.layout import VariantFolder
+from specwatch.files import write_json, write_text
 from specwatch.load.results import read_results, summarise
 
 

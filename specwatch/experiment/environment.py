@@ -82,7 +82,7 @@ def model_record(model: str, args: Sequence[str], revision_flag: str = "--revisi
         record["provenance"] = json.loads(provenance.read_text()) if provenance.exists() else None
         config = folder / "config.json"
         if config.exists():
-            from specwatch.experiment.layout import sha256_file
+            from specwatch.files import sha256_file
             record["config_sha256"] = sha256_file(config)
         return record
     return {"model": model, "kind": "hub", "revision": _flag(args, revision_flag),

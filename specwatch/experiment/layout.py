@@ -6,7 +6,6 @@ The one map of a run folder: every reader (the report, `specwatch tune`, the rec
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -15,31 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specwatch.files import read_json_object
 from specwatch.load.results import RequestResult, read_results
 
 DONE = "done"  # a finished variant (its checks may still have failed); resume skips it
 FAILED = "failed"  # an error stopped the variant; resume redoes it
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-def write_json(path: Path, value: Any) -> None:
-    write_text(path, json.dumps(value, indent=1, ensure_ascii=False) + "\n")
-
-
-def read_json_object(path: Path) -> dict[str, Any] | None:
-    """A JSON object written by `write_json`, or None when the file is missing, unreadable or not an object."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 class RunFolderError(ValueError):
@@ -56,11 +35,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             except ValueError as exc:
                 raise RunFolderError(f"{path}:{number}: {exc}") from exc
     return records
-
-
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from rich.console import Console
 
 from specwatch.acceptance import Acceptance, AcceptanceFieldError, spec_field
 from specwatch.chat_client import run_chat
-from specwatch.experiment.layout import VariantFolder, read_jsonl, write_text
+from specwatch.experiment.layout import VariantFolder, read_jsonl
 from specwatch.experiment.plan import AcceptancePass, PerformancePass
+from specwatch.files import write_text
 from specwatch.load.results import read_results
 from specwatch.load.run import LoadConfig
 from specwatch.load.run import run as run_load

@@ -44,18 +44,10 @@ from specwatch.config import Home
 from specwatch.exit_codes import EXIT_CHECK, EXIT_ERROR, EXIT_OK
 from specwatch.experiment import blocks, disturbance, environment, passes
 from specwatch.experiment.blocks import bracket, rotation
-from specwatch.experiment.layout import (
-    DONE,
-    FAILED,
-    RunFolder,
-    VariantFolder,
-    read_json_object,
-    sha256_file,
-    write_json,
-    write_text,
-)
+from specwatch.experiment.layout import DONE, FAILED, RunFolder, VariantFolder
 from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, batch_size, sweep_variant_name
 from specwatch.experiment.timeline import PrometheusError, Timeline, Window
+from specwatch.files import read_json_object, sha256_file, write_json, write_text
 from specwatch.load.results import RequestResult
 from specwatch.net import free_port
 from specwatch.stats import median

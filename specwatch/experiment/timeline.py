@@ -25,7 +25,7 @@ from typing import Any
 
 import requests
 
-from specwatch.experiment.layout import read_json_object, write_json
+from specwatch.files import read_json_object, write_json
 from specwatch.grafana.key_queries import key_queries, legend, substitute
 from specwatch.net import free_port
 from specwatch.promconfig.server import VLLM_JOB, PrometheusError, PrometheusServer, Targets

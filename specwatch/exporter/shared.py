@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from specwatch.files import write_text
+
 _VERSION = struct.Struct("<Q")
 
 # {"weights": {variant: percent}, "verdicts": {task: {"verdict": ..., "score": ...}}, and `availability`'s
@@ -82,6 +84,4 @@ class SharedState:
 
 
 def _write_json(path: Path, state: State) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(state, sort_keys=True))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(state, sort_keys=True))

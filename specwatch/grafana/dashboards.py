@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from specwatch import resources
-from specwatch.generated import EXIT_STALE, write_or_check_folder
+from specwatch.files import EXIT_STALE, write_or_check_folder
 from specwatch.grafana import acceptance, canary, latency
 from specwatch.grafana.board import render
 from specwatch.grafana.panels import Json

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specwatch.generated import EXIT_STALE, write_or_check_folder
+from specwatch.files import EXIT_STALE, write_or_check_folder
 from specwatch.grafana.dashboards import files
 
 REPO = Path(__file__).resolve().parents[2]

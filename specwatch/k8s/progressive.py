@@ -39,7 +39,7 @@ import yaml
 from specwatch.canary import policy as policy_mod
 from specwatch.canary.samples import parse_window
 from specwatch.exporter.config import DEFAULT_TASKS
-from specwatch.generated import write_or_check
+from specwatch.files import write_or_check
 from specwatch.monitoring import MONITORING
 
 REPO = Path(__file__).resolve().parents[2]

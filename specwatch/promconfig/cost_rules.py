@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specwatch.exporter.labels import NAME_PATTERN
+from specwatch.files import write_text
 from specwatch.monitoring import MONITORING
 
 C = MONITORING.cost_table
@@ -112,8 +113,4 @@ def render_cost_rules(costs: Sequence[StepCost]) -> str:
 
 def write_cost_rules(costs: Sequence[StepCost], path: Path) -> None:
     """Write the rule file to `path` (its folder created), atomically: Prometheus never reads half a file."""
-    text = render_cost_rules(costs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text(path, render_cost_rules(costs))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from specwatch import resources
 from specwatch.exporter.labels import OUTCOMES
-from specwatch.generated import write_or_check
+from specwatch.files import write_or_check
 from specwatch.monitoring import MONITORING as S
 from specwatch.promconfig import rules as R
 from specwatch.promconfig.cost_rules import StepCost, batch_ranges

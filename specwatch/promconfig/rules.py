@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specwatch import resources
-from specwatch.generated import write_or_check
+from specwatch.files import write_or_check
 from specwatch.monitoring import MONITORING
 from specwatch.promconfig import alerts
 

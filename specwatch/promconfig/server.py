@@ -22,6 +22,7 @@ import requests
 import yaml
 
 from specwatch import resources
+from specwatch.files import write_text
 from specwatch.monitoring import MONITORING
 from specwatch.supervisor import Supervisor
 
@@ -75,9 +76,7 @@ def write_layout(folder: Path, targets: Targets, source: Path = resources.PROMET
     target_dir = folder / "targets"
     target_dir.mkdir(exist_ok=True)
     for name, groups in targets.files().items():
-        tmp = target_dir / f".{name}.tmp"
-        tmp.write_text(yaml.safe_dump(groups, sort_keys=False))
-        tmp.replace(target_dir / name)  # atomic: file_sd never reads half a file
+        write_text(target_dir / name, yaml.safe_dump(groups, sort_keys=False))  # file_sd never reads half a file
     tuned_dir = folder / MONITORING.cost_table.folder
     tuned_dir.mkdir(exist_ok=True)
     for path in tuned:

@@ -9,7 +9,6 @@ own layers) makes every token dearer: the capacity a draft model costs, visible 
 
 from __future__ import annotations
 
-GIB = 1024 ** 3
 GPU_MEMORY = {"h200": 141 * 10 ** 9, "h100": 80 * 10 ** 9}
 TARGET_WEIGHTS = 16.4 * 10 ** 9
 ACTIVATION_RESERVE = 2 * 10 ** 9

@@ -24,7 +24,8 @@ from typing import Any
 
 from specwatch import judge
 from specwatch.acceptance import parse
-from specwatch.experiment.layout import RunFolder, write_json, write_text
+from specwatch.experiment.layout import RunFolder
+from specwatch.files import write_json, write_text
 from specwatch.stats import median
 from specwatch.tune.fit import mix_of
 from specwatch.tune.sweep import Cell, Sweep, load, tpots

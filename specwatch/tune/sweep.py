@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from specwatch.acceptance import parse, survival
-from specwatch.experiment.layout import DONE, RunFolder, RunFolderError, VariantFolder, read_json_object
+from specwatch.experiment.layout import DONE, RunFolder, RunFolderError, VariantFolder
+from specwatch.files import read_json_object
 from specwatch.load.results import RequestResult
 
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from specwatch.experiment.layout import write_json, write_text
+from specwatch.files import write_json, write_text
 from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 from specwatch.tune import fit, render
 from specwatch.tune.fit import Recommendation

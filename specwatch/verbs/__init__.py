@@ -1,4 +1,5 @@
-"""Verb modules for features that are one module (`demo.py`, `workloads.py`, `snapshot.py`), not a package.
+"""Verb modules for features that are one module (`workloads.py`, `snapshot.py`, `diff.py`, `check_server.py`), not
+a package.
 
 A package's verb lives in the package's own `cli.py`; the table of verbs is `specwatch/cli.py`.
 """
