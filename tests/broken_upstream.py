@@ -1,7 +1,8 @@
 """A deliberately broken OpenAI-style upstream for fault tests: `python tests/broken_upstream.py PORT`.
 
 Non-streaming chat answers 200 with invalid JSON; streaming chat answers an SSE stream whose
-second event is not JSON and which never sends [DONE]; /health is fine; POST /v1/echo-headers
+second event is not JSON and which never sends [DONE]; /health is fine; GET /version answers a version no label
+should carry (a space, markup, 80 characters); POST /v1/echo-headers
 answers the request headers it received. POST /v1/completions answers well-formed (a stream with usage
 and [DONE], or a JSON body) and then holds the connection open a second before it ends the response.
 A streaming chat request with `"stall": N` sends N content chunks and then hangs for 5 s.
@@ -21,6 +22,10 @@ LATE_END_S = 1.0
 
 async def health(request: web.Request) -> web.Response:
     return web.Response()
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": "0.32.0 <b>" + "x" * 70 + "</b>"})
 
 
 FLOOD = {"written": 0, "reader_left": False}
@@ -118,6 +123,7 @@ async def echo_headers(request: web.Request) -> web.Response:
 if __name__ == "__main__":
     app = web.Application()
     app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
     app.router.add_get("/v1/flood-progress", flood_progress)
     app.router.add_post("/v1/echo-headers", echo_headers)
     app.router.add_post("/v1/chat/completions", chat)

@@ -170,6 +170,27 @@ def test_other_paths_pass_through(tap, upstream):
     assert requests.get(tap.url + "/version", timeout=10).json() == {"version": "0.32.0"}
 
 
+def test_each_upstreams_version_is_exposed_as_an_info_series(tap, upstream, service_factory):
+    """Issue 43: the version each upstream's GET /version answers (the simulator answers what vLLM 0.32.0 does),
+    read by the health probe once the upstream is up: `specwatch_upstream_version_info{variant, version} 1`; an
+    upstream that answers no version object reads `unknown`, so label values stay bounded."""
+    answered = requests.get(upstream.url + "/version", timeout=10).json()["version"]
+    deadline = time.monotonic() + 15  # the first probe round runs at start, the next 5 s later
+    while time.monotonic() < deadline and value(tap.url, "specwatch_upstream_version_info", variant="baseline",
+                                                 version=answered) != 1:
+        time.sleep(0.5)
+    versions = {dict(k)["version"]: v for k, v in samples(tap.url, "specwatch_upstream_version_info").items()}
+    assert versions == {answered: 1.0}, versions
+    # an upstream whose version is no label value (markup, a space, 80 characters): healthy, its version `unknown`
+    with broken_upstream() as url:
+        odd = service_factory("exporter", ["--upstream", f"baseline={url}"])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not samples(odd.url, "specwatch_upstream_version_info"):
+            time.sleep(0.5)
+        found = samples(odd.url, "specwatch_upstream_version_info")
+    assert {dict(k)["version"]: v for k, v in found.items()} == {"unknown": 1.0}, found
+
+
 def test_event_log_has_one_line_per_request(tap, event_log):
     before = len(event_log.read_text().splitlines())
     r = chat(tap.url, article_rows("code")[9].prompt, "code")

@@ -7,12 +7,19 @@ judge it, `availability`); anything else, or no answer, is down and counts a pro
 a variant taken out by its requests comes back after its wait. Each round first rereads the shared down
 set (`refresh`), so the probe judges every variant any worker took out. With `--workers N` worker 0
 probes; the others only reread the set each round, to keep their `specwatch_upstream_routable` current.
+
+**Version.** When an upstream first answers its probe with 200 (and again after it was down: a restart may
+bring another build), the probe GETs `/version` (vLLM's `{"version": "0.32.0"}`) and exposes it as
+`specwatch_upstream_version_info{variant, version} 1` (an earlier version of that variant goes to 0). An answer
+that is not such an object, or a version outside `[0-9A-Za-z.+_-]{1,64}`, reads `unknown` (label values stay
+bounded).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 
 import aiohttp
@@ -25,6 +32,9 @@ from specwatch.exporter.metrics import ExporterMetrics
 log = logging.getLogger("specwatch.exporter")
 PROBE_TIMEOUT_SECONDS = 2
 NO_ENDPOINT = 404  # the health path is not there: the upstream is judged by its requests
+VERSION_PATH = "/version"
+VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}")
+UNKNOWN_VERSION = "unknown"
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -42,6 +52,8 @@ class UpstreamProbe:
         self.refresh, self.prober = refresh, prober
         self._task: asyncio.Task[None] | None = None
         self._without_endpoint: set[str] = set()  # said once in the log
+        self._versions: dict[str, str] = {}  # variant -> the version it answered since it last came up
+        self._last_version: dict[str, str] = {}  # variant -> the last version it answered, down or up
 
     async def probe_once(self, session: aiohttp.ClientSession) -> None:
         self.refresh()
@@ -68,7 +80,26 @@ class UpstreamProbe:
         self._without_endpoint.discard(variant)
         if status != 200:
             self.metrics.probe_errors.labels(variant).inc()
+            self._versions.pop(variant, None)  # read again once it is back
+        elif variant not in self._versions:
+            await self._read_version(session, variant, url)
         return status == 200
+
+    async def _read_version(self, session: aiohttp.ClientSession, variant: str, url: str) -> None:
+        """`specwatch_upstream_version_info{variant, version}` from the upstream's GET /version."""
+        try:
+            async with session.get(url + VERSION_PATH,
+                                   timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)) as r:
+                body = await r.json(content_type=None) if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return  # asked again at the next probe
+        found = body.get("version") if isinstance(body, dict) else None
+        version = found if isinstance(found, str) and VERSION.fullmatch(found) else UNKNOWN_VERSION
+        before = self._versions.get(variant) or self._last_version.get(variant)
+        if before is not None and before != version:
+            self.metrics.upstream_version.labels(variant, before).set(0)
+        self.metrics.upstream_version.labels(variant, version).set(1)
+        self._versions[variant] = self._last_version[variant] = version
 
     async def _forever(self, session: aiohttp.ClientSession) -> None:
         while True:

@@ -125,6 +125,10 @@ class ExporterMetrics:
         self.upstream_up = Gauge("specwatch_upstream_up", "1 when the upstream answered its last health probe with "
                                  "200, or 404 (no health endpoint: judged by its requests).",
                                  ["variant"], registry=registry, multiprocess_mode="mostrecent")
+        self.upstream_version = Gauge("specwatch_upstream_version_info",
+                                      "1 for the version the upstream's GET /version answered (vLLM's {\"version\": "
+                                      "...}) while it is up; 0 for one it answered before a restart.",
+                                      ["variant", "version"], registry=registry, multiprocess_mode="mostrecent")
         self.probe_errors = Counter("specwatch_upstream_probe_errors", "Failed upstream health probes.",
                                     ["variant"], registry=registry)
         self.upstream_routable = Gauge("specwatch_upstream_routable",
