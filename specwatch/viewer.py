@@ -9,7 +9,8 @@
 
 No Perses server is involved: the front end loads its plugins from the bundle and reads only Prometheus's
 API. The bundle is a build output (about 12 MB), not package data: `make viewer` writes it into the
-checkout's viewer/dist/; `--web.root` points elsewhere (no compose service serves it yet: issue 41).
+checkout's viewer/dist/; `--web.root` points elsewhere (the compose service's /opt/specwatch/viewer, built into
+the specwatch image).
 """
 
 from __future__ import annotations
