@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specwatch"
-BELOW_TUNE = ("promconfig", "experiment", "report", "models", "exporter", "simulator", "load", "grafana", "k8s")
+TUNE = "specwatch.tune"
 ENTRY_POINTS = {"specwatch.cli", "specwatch.__main__"}
 
 
@@ -88,8 +88,11 @@ def _package(module: str) -> str:
 
 
 def test_nothing_below_tune_imports_it() -> None:
-    below = [m for m in graph() if _package(m).removeprefix("specwatch.") in BELOW_TUNE]
-    wrong = sorted(f"{m} imports {d}" for m in below for d in graph()[m] if _package(d) == "specwatch.tune")
+    """Every module outside `tune/`, every package and the root's modules alike (the verb table names
+    `specwatch.tune.cli` as a string, loaded on demand, which is no import)."""
+    below = [m for m in graph() if _package(m) != TUNE]
+    assert len({_package(m) for m in below}) > 20, below  # the packages and the root modules, not a chosen few
+    wrong = sorted(f"{m} imports {d}" for m in below for d in graph()[m] if _package(d) == TUNE)
     assert not wrong, wrong
 
 
