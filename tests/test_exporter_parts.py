@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -15,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from specwatch.exporter.classify import classify
-from specwatch.exporter.config import YAML_KEYS, ConfigError, load
+from specwatch.exporter.config import YAML_KEYS, ConfigError, ExporterConfig, load
 from specwatch.exporter.eventlog import EventLog
 from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.relays import _stamp_fingerprint, plan_request
@@ -33,6 +34,16 @@ def test_the_example_file_loads_and_flags_win():
     assert cfg.split == {"candidate": 10.0} and cfg.sticky_header == "X-Session-Id"
     assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 9555)
     assert cfg.task_labels == ("code", "chat", "other")
+
+
+def test_a_setting_left_out_everywhere_is_the_config_dataclass_default():
+    """Issue 43: each default is written once, on `ExporterConfig`'s field; flags and the YAML file fall back to it.
+    Every field but the ones given here equals the dataclass's own default (a second default written in `load`
+    would differ from it the day one of the two changed)."""
+    loaded = load({"upstream": ["baseline=http://127.0.0.1:9000"]}, None)
+    defaults = ExporterConfig(upstreams={"baseline": "http://127.0.0.1:9000"})
+    assert loaded == defaults, [(f.name, getattr(loaded, f.name), getattr(defaults, f.name))
+                                for f in dataclasses.fields(loaded) if getattr(loaded, f.name) != getattr(defaults, f.name)]
 
 
 @pytest.mark.parametrize("flags,match", [

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from specwatch.exporter.config import ExporterConfig
+from specwatch.exporter.config import ExporterConfig, check_split
 from specwatch.exporter.metrics import CANARY_VERDICTS, ExporterMetrics
 from specwatch.exporter.routing import Router
 from specwatch.exporter.shared import SharedState, State
@@ -81,17 +81,9 @@ class Admin:
         return self.router.weights
 
     def _weights(self, current: dict[str, float], body: dict[str, object]) -> dict[str, float]:
-        """`current` with the body's changes, validated (ValueError names the problem)."""
-        weights = dict(current)
-        for name, pct in body.items():
-            if name not in self.cfg.upstreams:
-                raise ValueError(f"{name!r}: no such upstream; known: {sorted(self.cfg.upstreams)}")
-            if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0 <= pct <= 100:
-                raise ValueError(f"{name}: expected a percentage in 0..100, got {pct!r}")
-            weights[name] = float(pct)
-        if sum(weights.values()) > 100:
-            raise ValueError(f"weights {weights} add up to more than 100 %")
-        return weights
+        """`current` with the body's changes, validated by the config's own split rule (a ConfigError, which is a
+        ValueError, names the problem)."""
+        return check_split({**current, **body}, self.cfg.upstreams, where="weights")
 
     def set_verdict(self, body: dict[str, object]) -> dict[str, object]:
         tasks = body.get("tasks")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -56,7 +56,7 @@ class ExporterConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 9400
     tasks: tuple[str, ...] = DEFAULT_TASKS
-    rules: tuple[TaskRule, ...] = ()
+    rules: tuple[TaskRule, ...] = field(default_factory=lambda: default_rules())  # DEFAULT_RULES, parsed
     max_body_bytes: int = 16 * 1024 * 1024
     probe_interval_seconds: float = 5.0
     down_after_failures: int = 3  # requests in a row that cannot reach an upstream mark it down (`availability`)
@@ -78,6 +78,30 @@ class ExporterConfig:
     @property
     def task_labels(self) -> tuple[str, ...]:
         return (*self.tasks, OTHER)
+
+
+def _default(name: str) -> Any:
+    """An `ExporterConfig` field's default: the one place each default is written (flags and YAML fall back to it)."""
+    return next(f.default for f in fields(ExporterConfig) if f.name == name)
+
+
+def check_split(split: Mapping[str, Any], upstreams: Mapping[str, str], where: str = "split") -> dict[str, float]:
+    """The one split rule, for the flags, the YAML file and the admin API alike: each name an upstream, each weight
+    a number of percent in 0..100, together at most 100. The weights as floats; ConfigError names the problem."""
+    weights: dict[str, float] = {}
+    for name, pct in split.items():
+        if name not in upstreams:
+            raise ConfigError(f"{where} {name!r}: no such upstream; known: {sorted(upstreams)}")
+        if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0 <= pct <= 100:
+            raise ConfigError(f"{where} {name}={pct!r}: expected a percentage in 0..100")
+        weights[name] = float(pct)
+    if sum(weights.values()) > 100:
+        raise ConfigError(f"{where}: the weights {weights} add up to {sum(weights.values()):g} %, more than 100 %")
+    return weights
+
+
+def default_rules() -> tuple[TaskRule, ...]:
+    return tuple(_rule(r, f"the default rules[{i}]") for i, r in enumerate(DEFAULT_RULES))
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -186,7 +210,7 @@ def _health_path(flag: Any, doc: _Yaml) -> str | None:
     """The probe's path: the flag over the YAML key over `/health`; `off` or empty: None (no probe)."""
     where, value = "--health-path", flag
     if value is None:
-        where, value = f"{doc.where}: health_path", doc.doc.get("health_path", "/health")
+        where, value = f"{doc.where}: health_path", doc.doc.get("health_path", _default("health_path"))
         if value is None or value is False:  # `health_path: off` reads as false in YAML 1.1
             return None
     if not isinstance(value, str):
@@ -225,13 +249,7 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
             split[name] = float(weight)
         except ValueError:
             raise ConfigError(f"--split {item!r}: the weight must be a number of percent") from None
-    for name, pct in split.items():
-        if name not in upstreams:
-            raise ConfigError(f"split {name}: no such upstream; known: {sorted(upstreams)}")
-        if not 0 <= pct <= 100:
-            raise ConfigError(f"split {name}={pct}: expected a percentage in 0..100")
-    if sum(split.values()) > 100:
-        raise ConfigError(f"split weights add up to {sum(split.values())} %: at most 100")
+    split = check_split(split, upstreams)
     mirror = flags.get("mirror") or doc.text("mirror")
     if mirror is not None and mirror not in upstreams:
         raise ConfigError(f"--mirror {mirror}: no such upstream; known: {sorted(upstreams)}")
@@ -241,25 +259,26 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
     for t in tasks:
         if not isinstance(t, str) or not NAME_PATTERN.match(t) or t == OTHER:
             raise ConfigError(f"task {t!r}: expected a lowercase name other than {OTHER!r}")
-    raw_rules = doc.sequence("rules") or DEFAULT_RULES
-    rules = tuple(_rule(r, f"rules[{i}]") for i, r in enumerate(raw_rules))
+    raw_rules = doc.sequence("rules")
+    rules = tuple(_rule(r, f"rules[{i}]") for i, r in enumerate(raw_rules)) if raw_rules else default_rules()
     for r in rules:
         if r.task not in tasks:
             raise ConfigError(f"rule for task {r.task!r}: not among the configured tasks {list(tasks)}")
-    host, port = _listen(flags.get("listen") or doc.text("listen_address") or "127.0.0.1:9400")
+    host, port = _listen(flags.get("listen") or doc.text("listen_address")
+                         or f"{_default('listen_host')}:{_default('listen_port')}")
     event_log = flags.get("event_log") or doc.text("event_log")
     admin_token_env = flags.get("admin_token_env") or doc.text("admin_token_env")
     if admin_token_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(admin_token_env)):
         raise ConfigError(f"--admin-token-env {admin_token_env!r}: expected an environment variable name")
     workers = flags.get("workers")
     if workers is None:
-        workers = int(doc.number("workers", 1, integer=True))
+        workers = int(doc.number("workers", _default("workers"), integer=True))
     elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers {workers!r}: expected a positive integer")
     if workers > MAX_WORKERS:
         raise ConfigError(f"workers {workers}: at most {MAX_WORKERS} (one per core is the useful most)")
-    up_after = float(doc.number("up_after_seconds", 10.0))
-    up_after_max = float(doc.number("up_after_max_seconds", max(300.0, up_after)))
+    up_after = float(doc.number("up_after_seconds", _default("up_after_seconds")))
+    up_after_max = float(doc.number("up_after_max_seconds", max(_default("up_after_max_seconds"), up_after)))
     if up_after_max < up_after:
         raise ConfigError(f"{doc.where}: up_after_max_seconds {up_after_max:g} is below up_after_seconds "
                           f"{up_after:g}: the cap of the wait cannot be shorter than the wait")
@@ -267,14 +286,14 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
         upstreams=upstreams, split=split, mirror=mirror,
         sticky_header=(flags.get("sticky_header") or doc.text("sticky_header")),
         listen_host=host, listen_port=port, tasks=tasks, rules=rules,
-        max_body_bytes=int(doc.number("max_body_bytes", 16 * 1024 * 1024, integer=True)),
-        probe_interval_seconds=float(doc.number("probe_interval_seconds", 5.0)),
-        down_after_failures=int(doc.number("down_after_failures", 3, integer=True)),
+        max_body_bytes=int(doc.number("max_body_bytes", _default("max_body_bytes"), integer=True)),
+        probe_interval_seconds=float(doc.number("probe_interval_seconds", _default("probe_interval_seconds"))),
+        down_after_failures=int(doc.number("down_after_failures", _default("down_after_failures"), integer=True)),
         up_after_seconds=up_after, up_after_max_seconds=up_after_max,
-        flap_window_seconds=float(doc.number("flap_window_seconds", 300.0)),
+        flap_window_seconds=float(doc.number("flap_window_seconds", _default("flap_window_seconds"))),
         health_path=_health_path(flags.get("health_path"), doc),
-        upstream_timeout_seconds=float(doc.number("upstream_timeout_seconds", 600.0)),
+        upstream_timeout_seconds=float(doc.number("upstream_timeout_seconds", _default("upstream_timeout_seconds"))),
         event_log=Path(event_log) if event_log else None,
-        event_log_max_bytes=int(doc.number("event_log_max_bytes", 64 * 1024 * 1024, integer=True)),
+        event_log_max_bytes=int(doc.number("event_log_max_bytes", _default("event_log_max_bytes"), integer=True)),
         admin_token_env=str(admin_token_env) if admin_token_env else None, workers=workers,
         fast_relay=not flags.get("no_fast_relay"))
