@@ -42,8 +42,9 @@ def test_a_setting_left_out_everywhere_is_the_config_dataclass_default():
     would differ from it the day one of the two changed)."""
     loaded = load({"upstream": ["baseline=http://127.0.0.1:9000"]}, None)
     defaults = ExporterConfig(upstreams={"baseline": "http://127.0.0.1:9000"})
-    assert loaded == defaults, [(f.name, getattr(loaded, f.name), getattr(defaults, f.name))
-                                for f in dataclasses.fields(loaded) if getattr(loaded, f.name) != getattr(defaults, f.name)]
+    differ = [(f.name, getattr(loaded, f.name), getattr(defaults, f.name)) for f in dataclasses.fields(loaded)
+              if getattr(loaded, f.name) != getattr(defaults, f.name)]
+    assert loaded == defaults and not differ, differ
 
 
 @pytest.mark.parametrize("flags,match", [
