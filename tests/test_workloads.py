@@ -2,9 +2,12 @@
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
+from specwatch.experiment.layout import RunFolder
+from specwatch.report import results as report_results
 from specwatch.workloads import ROWS_PER_TASK, SOURCE, WorkloadError, article_rows, load_jsonl, write_article_workloads
 
 
@@ -54,3 +57,16 @@ def test_bad_row_reported_with_line_number(tmp_path, line, match):
     f.write_text('{"prompt": "ok"}\n' + line + "\n")
     with pytest.raises(WorkloadError, match=match):
         load_jsonl(f, "code")
+
+
+def test_the_report_reads_each_prompt_as_the_load_sent_it(tmp_path: Path) -> None:
+    """Issue 43: a `messages` row with two user turns is sent with its last user message (`load_jsonl`); the report
+    read the first, so its outputs table named a prompt the server never answered."""
+    run = RunFolder(tmp_path)
+    run.inputs.mkdir(parents=True)
+    turns = [{"role": "user", "content": "first question"}, {"role": "assistant", "content": "an answer"},
+             {"role": "user", "content": "the follow-up that was sent"}]
+    (run.inputs / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n" + json.dumps({"prompt": "p2"}) + "\n")
+    sent = [row.prompt for row in load_jsonl(run.inputs / "chat.jsonl", "chat")]
+    assert sent == ["the follow-up that was sent", "p2"]
+    assert report_results._prompts(run) == {"chat": sent}

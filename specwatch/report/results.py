@@ -22,6 +22,7 @@ from specwatch.acceptance import Acceptance, parse, spec_field
 from specwatch.experiment.environment import server_identity
 from specwatch.experiment.layout import RunFolder, RunFolderError, VariantFolder, read_jsonl
 from specwatch.load.results import RequestResult, percentile
+from specwatch.workloads import WorkloadError, load_jsonl
 
 PERF_METRICS = ("tpot", "itl_p95", "output_tps")  # per-request performance samples, named as the canary names them
 
@@ -166,14 +167,14 @@ def output_tokens(rec: dict[str, Any], where: str) -> tuple[Token, ...]:
 
 
 def _prompts(run: RunFolder) -> dict[str, list[str]]:
+    """Each task's prompts as the load sent them: read by the workload loader itself (`messages`: the last user
+    message, as `specwatch.workloads.load_jsonl` takes it), not a reading of our own."""
     out: dict[str, list[str]] = {}
     for path in sorted(run.inputs.glob("*.jsonl")):
-        prompts = []
-        for row in _jsonl(path):
-            messages = row.get("messages") or []
-            prompts.append(str(row.get("prompt") or next((m.get("content") for m in messages
-                                                          if m.get("role") == "user"), "")))
-        out[path.stem] = prompts
+        try:
+            out[path.stem] = [row.prompt for row in load_jsonl(path, default_task=path.stem)]
+        except WorkloadError as exc:
+            raise ResultsError(f"{path}: the run's copy of the task file no longer loads: {exc}") from None
     return out
 
 
