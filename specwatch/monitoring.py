@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specwatch.exporter.families import ExporterFamilies
 from specwatch.exporter.labels import ERROR_OUTCOMES
 
 Severity = Literal["warning", "critical"]
@@ -64,34 +65,6 @@ class VllmFamilies:
     tpot: str = "vllm:request_time_per_output_token_seconds"
     itl: str = "vllm:inter_token_latency_seconds"
     e2e: str = "vllm:e2e_request_latency_seconds"
-
-    def latencies(self) -> tuple[str, ...]:
-        return (self.ttft, self.tpot, self.itl, self.e2e)
-
-
-@dataclass(frozen=True)
-class ExporterFamilies:
-    """The exporter's families the rules, alerts and dashboards read."""
-
-    spec_steps: str = "specwatch_spec_steps_total"
-    draft_tokens: str = "specwatch_draft_tokens_total"
-    accepted: str = "specwatch_accepted_tokens_total"
-    accepted_per_pos: str = "specwatch_accepted_tokens_per_pos_total"
-    drafts_reaching: str = "specwatch_drafts_reaching_pos_total"          # vLLM's detailed mode only
-    steps_without_per_step: str = "specwatch_spec_steps_without_per_step_total"  # summary mode's steps
-    full_depth_steps: str = "specwatch_full_depth_steps_total"            # detailed mode only
-    full_depth_per_pos: str = "specwatch_full_depth_accepted_per_pos_total"  # detailed mode only
-    decode_steps: str = "specwatch_decode_steps_total"
-    completion_tokens: str = "specwatch_completion_tokens_total"
-    spec_steps_by_accepted: str = "specwatch_spec_steps_by_accepted_total"
-    requests: str = "specwatch_requests_total"
-    spec_metrics_missing: str = "specwatch_spec_metrics_missing_total"
-    mirror_outputs: str = "specwatch_mirror_outputs_total"
-    upstream_up: str = "specwatch_upstream_up"
-    ttft: str = "specwatch_ttft_seconds"                           # histograms: the family name
-    tpot: str = "specwatch_tpot_seconds"
-    itl: str = "specwatch_itl_seconds"
-    e2e: str = "specwatch_e2e_seconds"
 
     def latencies(self) -> tuple[str, ...]:
         return (self.ttft, self.tpot, self.itl, self.e2e)

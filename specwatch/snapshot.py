@@ -19,6 +19,7 @@ from typing import Any
 
 import requests
 
+from specwatch.exporter.families import FAMILIES as F
 from specwatch.files import write_text
 from specwatch.vllm_metrics import ACCEPTED, DRAFT_TOKENS, DRAFTS, PER_POS, CounterResetError, samples
 
@@ -181,16 +182,16 @@ def diff(before: Snapshot, after: Snapshot) -> Difference:
 
     by_task: dict[tuple[str, str], Figures] = {}
     keys = {(dict(ls)["variant"], dict(ls)["task"]) for name, ls in counters
-            if name == "specwatch_spec_steps_total"}
+            if name == F.spec_steps}
     for variant, task in sorted(keys):
         sel = {"variant": variant, "task": task}
         pos = {int(dict(ls)["position"]): v for (n, ls), v in counters.items()
-               if n == "specwatch_accepted_tokens_per_pos_total" and _has(ls, sel)}
+               if n == F.accepted_per_pos and _has(ls, sel)}
         hist = {int(dict(ls)["accepted"]): v for (n, ls), v in counters.items()
-                if n == "specwatch_spec_steps_by_accepted_total" and _has(ls, sel)}
+                if n == F.spec_steps_by_accepted and _has(ls, sel)}
         by_task[(variant, task)] = Figures(
-            _sum(counters, "specwatch_accepted_tokens_total", sel), _sum(counters, "specwatch_draft_tokens_total", sel),
-            _sum(counters, "specwatch_spec_steps_total", sel), _positions(pos), _positions(hist))
+            _sum(counters, F.accepted, sel), _sum(counters, F.draft_tokens, sel), _sum(counters, F.spec_steps, sel),
+            _positions(pos), _positions(hist))
     return Difference(after.url, after.taken_at - before.taken_at, server, by_task, counters)
 
 

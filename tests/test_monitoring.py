@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from specwatch.exporter.config import ExporterConfig
+from specwatch.exporter.families import FAMILIES
+from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.monitoring import MONITORING, AlertSetting, Window, in_words, percent
 from specwatch.promconfig import alerts, rules
 
@@ -49,3 +54,20 @@ def test_a_changed_setting_reaches_the_alerts(monkeypatch: pytest.MonkeyPatch) -
     assert "variant:vllm_kv_cache_usage_perc:max > 0.8\n        for: 7m\n        labels:\n" \
            "          severity: critical\n" in text
     assert "above 80 %." in text
+
+
+def test_every_exporter_family_is_named_once_and_emitted_by_that_name() -> None:
+    """Issue 43: the exporter's family names live in `specwatch.exporter.families`; the emitter declares each family
+    from there and every reader takes its name from there. What the emitter exposes is exactly that list (a family
+    spelled anew in the emitter, or a name in the list no family carries, fails here)."""
+    registry = CollectorRegistry()
+    ExporterMetrics(registry, ExporterConfig(upstreams={"baseline": "http://127.0.0.1:8000"}))
+    exposed = {f.name + ("_total" if f.type == "counter" else "") for f in registry.collect()}
+    assert exposed == set(FAMILIES.names()), (exposed ^ set(FAMILIES.names()))
+    assert MONITORING.exporter is not None and MONITORING.exporter.names() == FAMILIES.names()
+    # and no module of the package spells one but the list itself (the generators of rule tests excepted: their
+    # fixtures are expositions written out, a reader's view of the wire)
+    package = Path(__file__).resolve().parents[1] / "specwatch"
+    spelled = {str(p.relative_to(package)) for p in package.rglob("*.py")
+               if p.name != "families.py" and any(f'"{name}"' in p.read_text() for name in FAMILIES.names())}
+    assert spelled <= {"promconfig/rule_tests.py"}, spelled

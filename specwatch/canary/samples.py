@@ -167,23 +167,20 @@ def _mean(histogram: str, v: str, w: str) -> str:
 
 def prom_queries(v: str, w: str) -> dict[str, tuple[str, str]]:
     """metric -> (the figure's PromQL, the PromQL of the requests behind it) for variant `v`, window `w`."""
-    requests_ = _rise("specwatch_e2e_seconds_count", v, w)
+    f = MONITORING.exporter
+    requests_ = _rise(f"{f.e2e}_count", v, w)
     errors = f',outcome=~"{MONITORING.error_outcome_regex()}"'
     return {
-        "tpot": (_mean("specwatch_tpot_seconds", v, w), _rise("specwatch_tpot_seconds_count", v, w)),
-        "ttft": (_mean("specwatch_ttft_seconds", v, w), _rise("specwatch_ttft_seconds_count", v, w)),
-        "itl_p95": (_hq("specwatch_itl_seconds", v, w), requests_),
-        "e2e": (_mean("specwatch_e2e_seconds", v, w), requests_),
-        "output_tps": (_ratio(_inc("specwatch_completion_tokens_total", v, w), _inc("specwatch_e2e_seconds_sum", v, w)),
-                       requests_),
-        "error_ratio": (_ratio(_inc("specwatch_requests_total", v, w, errors),
-                               _inc("specwatch_requests_total", v, w)), _rise("specwatch_requests_total", v, w)),
-        "acceptance_rate": (_ratio(_inc("specwatch_accepted_tokens_total", v, w),
-                                   _inc("specwatch_draft_tokens_total", v, w)),
-                            _rise("specwatch_request_acceptance_rate_count", v, w)),
-        "output_identical": (_ratio(_inc("specwatch_mirror_outputs_total", v, w, ',result="identical"'),
-                                    _inc("specwatch_mirror_outputs_total", v, w)),
-                             _rise("specwatch_mirror_outputs_total", v, w)),
+        "tpot": (_mean(f.tpot, v, w), _rise(f"{f.tpot}_count", v, w)),
+        "ttft": (_mean(f.ttft, v, w), _rise(f"{f.ttft}_count", v, w)),
+        "itl_p95": (_hq(f.itl, v, w), requests_),
+        "e2e": (_mean(f.e2e, v, w), requests_),
+        "output_tps": (_ratio(_inc(f.completion_tokens, v, w), _inc(f"{f.e2e}_sum", v, w)), requests_),
+        "error_ratio": (_ratio(_inc(f.requests, v, w, errors), _inc(f.requests, v, w)), _rise(f.requests, v, w)),
+        "acceptance_rate": (_ratio(_inc(f.accepted, v, w), _inc(f.draft_tokens, v, w)),
+                            _rise(f"{f.request_acceptance_rate}_count", v, w)),
+        "output_identical": (_ratio(_inc(f.mirror_outputs, v, w, ',result="identical"'), _inc(f.mirror_outputs, v, w)),
+                             _rise(f.mirror_outputs, v, w)),
     }
 
 
@@ -249,7 +246,7 @@ def from_prometheus(url: str, window: str, variants: Iterable[str], tasks: Itera
                     side = data.setdefault((task, variant), Side())
                     side.figures[metric] = value
                     side.counts[metric] = counts.get(task, 0.0)
-            for task, value in _query(session, url, _rise("specwatch_requests_total", variant, window),
+            for task, value in _query(session, url, _rise(MONITORING.exporter.requests, variant, window),
                                       deadline).items():
                 if wanted_tasks is None or task in wanted_tasks:
                     data.setdefault((task, variant), Side()).counts["requests"] = value

@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from specwatch.exporter.config import ExporterConfig
+from specwatch.exporter.families import FAMILIES as F
+from specwatch.exporter.families import declared
 from specwatch.exporter.labels import OUTCOMES
 
 # Fine enough for millisecond TPOT / ITL on a GPU and for seconds of TTFT under load.
@@ -76,82 +78,82 @@ class ExporterMetrics:
     def __init__(self, registry: CollectorRegistry, cfg: ExporterConfig) -> None:
         self.registry = registry
         vt = ("variant", "task")
-        self.requests = Counter("specwatch_requests", "Requests through the tap by outcome.", [*vt, "outcome"],
+        self.requests = Counter(declared(F.requests), "Requests through the tap by outcome.", [*vt, "outcome"],
                                 registry=registry)
-        self.missing = Counter("specwatch_spec_metrics_missing",
+        self.missing = Counter(declared(F.spec_metrics_missing),
                                "ok responses without metrics.speculative_decoding.", vt, registry=registry)
-        self.steps = Counter("specwatch_spec_steps", "Verify steps with a draft (sum of R).", vt, registry=registry)
+        self.steps = Counter(declared(F.spec_steps), "Verify steps with a draft (sum of R).", vt, registry=registry)
         self.steps_without_per_step = Counter(
-            "specwatch_spec_steps_without_per_step", "Verify steps of requests whose field had no per-step arrays "
+            declared(F.steps_without_per_step), "Verify steps of requests whose field had no per-step arrays "
             "(vLLM's summary mode): while it grows, acceptance of drafts that reached a position is not recorded.",
             vt, registry=registry)
-        self.draft_tokens = Counter("specwatch_draft_tokens", "Draft tokens proposed (sum of D).", vt,
+        self.draft_tokens = Counter(declared(F.draft_tokens), "Draft tokens proposed (sum of D).", vt,
                                     registry=registry)
-        self.accepted = Counter("specwatch_accepted_tokens", "Draft tokens accepted (sum of C).", vt,
+        self.accepted = Counter(declared(F.accepted), "Draft tokens accepted (sum of C).", vt,
                                 registry=registry)
-        self.per_pos = Counter("specwatch_accepted_tokens_per_pos",
+        self.per_pos = Counter(declared(F.accepted_per_pos),
                                "Steps that accepted at least position+1 drafts (as vLLM's per-position counter).",
                                [*vt, "position"], registry=registry)
         self.drafts_reaching = Counter(
-            "specwatch_drafts_reaching_pos", "Verify steps whose draft had at least position+1 tokens (vLLM's "
+            declared(F.drafts_reaching), "Verify steps whose draft had at least position+1 tokens (vLLM's "
             "detailed mode, per_step_drafted; the denominator of acceptance of drafts that reached a position).",
             [*vt, "position"], registry=registry)
-        self.full_depth_steps = Counter("specwatch_full_depth_steps",
+        self.full_depth_steps = Counter(declared(F.full_depth_steps),
                                         "Verify steps whose draft had all k tokens (detailed mode).", vt,
                                         registry=registry)
-        self.full_depth_per_pos = Counter("specwatch_full_depth_accepted_per_pos",
+        self.full_depth_per_pos = Counter(declared(F.full_depth_per_pos),
                                           "Full-depth verify steps (drafted k) that accepted at least position+1 "
                                           "drafts (detailed mode).", [*vt, "position"], registry=registry)
-        self.by_accepted = Counter("specwatch_spec_steps_by_accepted",
+        self.by_accepted = Counter(declared(F.spec_steps_by_accepted),
                                    "Verify steps by the number of drafts they accepted (the summed histogram).",
                                    [*vt, "accepted"], registry=registry)
-        self.decode_steps = Counter("specwatch_decode_steps",
+        self.decode_steps = Counter(declared(F.decode_steps),
                                     "Decode steps, with or without a draft: completion tokens - 1 - C, at least R.",
                                     vt, registry=registry)
-        self.prompt_tokens = Counter("specwatch_prompt_tokens", "Prompt tokens (usage).", vt, registry=registry)
-        self.completion_tokens = Counter("specwatch_completion_tokens", "Completion tokens (usage).", vt,
+        self.prompt_tokens = Counter(declared(F.prompt_tokens), "Prompt tokens (usage).", vt, registry=registry)
+        self.completion_tokens = Counter(declared(F.completion_tokens), "Completion tokens (usage).", vt,
                                          registry=registry)
-        self.ttft = Histogram("specwatch_ttft_seconds", "Time to the first token-carrying chunk, at the tap.", vt,
+        self.ttft = Histogram(F.ttft, "Time to the first token-carrying chunk, at the tap.", vt,
                               buckets=LATENCY_BUCKETS, registry=registry)
-        self.tpot = Histogram("specwatch_tpot_seconds", "Per request: (last token time - first) / (tokens - 1).",
+        self.tpot = Histogram(F.tpot, "Per request: (last token time - first) / (tokens - 1).",
                               vt, buckets=LATENCY_BUCKETS, registry=registry)
-        self.itl = Histogram("specwatch_itl_seconds", "Time between streamed token-carrying chunks.", vt,
+        self.itl = Histogram(F.itl, "Time between streamed token-carrying chunks.", vt,
                              buckets=LATENCY_BUCKETS, registry=registry)
-        self.e2e = Histogram("specwatch_e2e_seconds", "Request start to the end of the response, at the tap.", vt,
+        self.e2e = Histogram(F.e2e, "Request start to the end of the response, at the tap.", vt,
                              buckets=E2E_BUCKETS, registry=registry)
-        self.request_acceptance_rate = Histogram("specwatch_request_acceptance_rate",
+        self.request_acceptance_rate = Histogram(F.request_acceptance_rate,
                                                  "Per-request draft acceptance rate C / D (requests with D > 0).",
                                                  vt, buckets=RATE_BUCKETS, registry=registry)
-        self.upstream_up = Gauge("specwatch_upstream_up", "1 when the upstream answered its last health probe with "
+        self.upstream_up = Gauge(F.upstream_up, "1 when the upstream answered its last health probe with "
                                  "200, or 404 (no health endpoint: judged by its requests).",
                                  ["variant"], registry=registry, multiprocess_mode="mostrecent")
-        self.upstream_version = Gauge("specwatch_upstream_version_info",
+        self.upstream_version = Gauge(F.upstream_version,
                                       "1 for the version the upstream's GET /version answered (vLLM's {\"version\": "
                                       "...}) while it is up; 0 for one it answered before a restart.",
                                       ["variant", "version"], registry=registry, multiprocess_mode="mostrecent")
-        self.probe_errors = Counter("specwatch_upstream_probe_errors", "Failed upstream health probes.",
+        self.probe_errors = Counter(declared(F.probe_errors), "Failed upstream health probes.",
                                     ["variant"], registry=registry)
-        self.upstream_routable = Gauge("specwatch_upstream_routable",
+        self.upstream_routable = Gauge(F.upstream_routable,
                                        "1 while the variant takes its share of the split; 0 while it is known down "
                                        "and its share goes to the others (`availability`).", ["variant"],
                                        registry=registry, multiprocess_mode="livemin")
-        self.rerouted = Counter("specwatch_rerouted", "Requests the split gave to `from`, forwarded to `to` because "
+        self.rerouted = Counter(declared(F.rerouted), "Requests the split gave to `from`, forwarded to `to` because "
                                 "`from` was known down.", ["from", "to"], registry=registry)
-        self.mirror_outputs = Counter("specwatch_mirror_outputs",
+        self.mirror_outputs = Counter(declared(F.mirror_outputs),
                                       "Mirrored greedy requests whose output matched the primary's.",
                                       [*vt, "result"], registry=registry)
-        self.canary_verdict = Gauge("specwatch_canary_verdict",
+        self.canary_verdict = Gauge(F.canary_verdict,
                                     "1 for the last verdict `specwatch canary` pushed for the task, 0 for the others.",
                                     ["task", "verdict"], registry=registry, multiprocess_mode="mostrecent")
-        self.canary_score = Gauge("specwatch_canary_score", "The last canary score pushed for the task, 0..100.",
+        self.canary_score = Gauge(F.canary_score, "The last canary score pushed for the task, 0..100.",
                                   ["task"], registry=registry, multiprocess_mode="mostrecent")
-        self.fast_relay_chunks = Counter("specwatch_fast_relay_chunks",
+        self.fast_relay_chunks = Counter(declared(F.fast_relay_chunks),
                                          "Content chunks relayed by the compiled relay thread (the rest: in Python).",
                                          registry=registry)
-        self.fast_relay_handovers = Counter("specwatch_fast_relay_handovers",
+        self.fast_relay_handovers = Counter(declared(F.fast_relay_handovers),
                                             "Streams handed to the compiled relay thread (one stream may be handed "
                                             "over again after a chunk it does not take).", registry=registry)
-        self.relay = Gauge("specwatch_relay", "1 for the relay that carries ordinary content chunks: compiled (the "
+        self.relay = Gauge(F.relay, "1 for the relay that carries ordinary content chunks: compiled (the "
                            "relay thread) or python.", ["relay"], registry=registry, multiprocess_mode="max")
         self._positions: dict[tuple[str, str, int], PositionChildren] = {}
         self._children: dict[tuple[str, str], Children] = {}

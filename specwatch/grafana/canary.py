@@ -67,10 +67,10 @@ def _side_by_side(metric: str, quantile: str, title: str, what: str) -> Json:
 
 def _per_task() -> Section:
     return Section("Task $task: baseline vs candidate", [
-        _side_by_side("specwatch_tpot_seconds", "0.95", "TPOT p95", "Time per output token, 95th percentile."),
-        _side_by_side("specwatch_itl_seconds", "0.99", "ITL p99", "Inter-token latency, 99th percentile: the "
+        _side_by_side(S.exporter.tpot, "0.95", "TPOT p95", "Time per output token, 95th percentile."),
+        _side_by_side(S.exporter.itl, "0.99", "ITL p99", "Inter-token latency, 99th percentile: the "
                       "stalls a streaming reader notices."),
-        _side_by_side("specwatch_ttft_seconds", "0.95", "TTFT p95", "Time to first token, 95th percentile."),
+        _side_by_side(S.exporter.ttft, "0.95", "TTFT p95", "Time to first token, 95th percentile."),
         timeseries("Acceptance rate: baseline vs candidate", "Accepted / draft tokens per variant for the task of "
                    f"this row ({S.slow.duration}). A baseline without speculation has no line.",
                    targets((f"variant_task:specwatch_acceptance_rate:ratio_{WINDOW}{{{PAIR}}}", "{{variant}}")),
@@ -126,7 +126,7 @@ def _verdict() -> Section:
              "around it (down until its probe has answered, or without a health endpoint its requests have "
              "failed no more, for up_after_seconds; a variant down again soon after coming back waits twice as "
              "long, up to up_after_max_seconds).",
-             targets(("min by (variant) (specwatch_upstream_routable)", "{{variant}}")), "none", w=4, h=8,
+             targets((f"min by (variant) ({S.exporter.upstream_routable})", "{{variant}}")), "none", w=4, h=8,
              steps=thresholds(RED, (1, GREEN)),
              mappings=[{"type": "value", "options": {"0": {"text": "routed around", "color": RED, "index": 0},
                                                       "1": {"text": "in the split", "color": GREEN, "index": 1}}}]),
@@ -144,7 +144,7 @@ VERDICT_COLOURS = {"pass": GREEN, "marginal": ORANGE, "fail": RED, "insufficient
 
 def pushed_verdict_expr() -> str:
     """The verdict `specwatch canary --push-to` set last, per task, as its index in CANARY_VERDICTS."""
-    arms = [f'(specwatch_canary_verdict{{{T},verdict="{v}"}} == 1) * 0 + {i}' for i, v in enumerate(CANARY_VERDICTS)]
+    arms = [f'({S.exporter.canary_verdict}{{{T},verdict="{v}"}} == 1) * 0 + {i}' for i, v in enumerate(CANARY_VERDICTS)]
     return "max by (task) (" + " or ".join(arms) + ")"
 
 
@@ -162,7 +162,7 @@ def _pushed() -> Section:
         stat("Canary score", f"The score of the last push per task, 0..100: the share of the policy's metrics "
              f"that passed, weighted. The default policy passes at {pass_score:g} and calls {marginal_score:g} "
              "and above marginal.",
-             targets((f"specwatch_canary_score{{{T}}}", "{{task}}")), "none", w=12, h=6,
+             targets((f"{S.exporter.canary_score}{{{T}}}", "{{task}}")), "none", w=12, h=6,
              steps=thresholds(RED, (marginal_score, ORANGE), (pass_score, GREEN)), no_value="nothing pushed",
              decimals=0),
     ])

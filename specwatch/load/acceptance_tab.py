@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from specwatch.exporter.families import FAMILIES as F
 from specwatch.snapshot import Difference, Snapshot, SnapshotError, diff, take
 from specwatch.vllm_metrics import CounterResetError
 
@@ -44,7 +45,7 @@ def _positions(values: list[float | None]) -> str:
 def rows(difference: Difference, source: str) -> list[dict[str, str]]:
     """One row per (variant, task) that saw a request in the window; vLLM's server-wide figures when the
     endpoint is vLLM's own (no specwatch families)."""
-    requests = "specwatch_requests_total"
+    requests = F.requests
     pairs = sorted({(dict(ls)["variant"], dict(ls)["task"]) for name, ls in difference.counters if name == requests})
     out = []
     for variant, task in pairs:
@@ -61,10 +62,10 @@ def rows(difference: Difference, source: str) -> list[dict[str, str]]:
                        drafted=f"{figures.draft_tokens if figures else 0:.0f}", steps="0")
             out.append(row)
             continue
-        decode_steps = increase("specwatch_decode_steps_total")
-        reach = [increase("specwatch_drafts_reaching_pos_total", position=str(i))
+        decode_steps = increase(F.decode_steps)
+        reach = [increase(F.drafts_reaching, position=str(i))
                  for i in range(len(figures.per_position))]
-        detailed = not increase("specwatch_spec_steps_without_per_step_total") and any(reach)
+        detailed = not increase(F.steps_without_per_step) and any(reach)
         of_reached = ([p / n if n else None for p, n in zip(figures.per_position, reach, strict=True)]
                       if detailed else [])
         row.update(rate=_number(figures.acceptance_rate), length=_number(figures.mean_acceptance_length, 2),

@@ -227,7 +227,7 @@ def _summary(cfg: StackConfig, stack: Stack, before: snapshot.Snapshot, after: s
     assert prom is not None
     # every counter the record divides: a last request with all drafts rejected moves only the draft counters
     last = max(prom.wait_for_sum(name, _total(after, name)) for name in (
-        "specwatch_accepted_tokens_total", "specwatch_draft_tokens_total", "specwatch_spec_steps_total"))
+        MONITORING.exporter.accepted, MONITORING.exporter.draft_tokens, MONITORING.exporter.spec_steps))
     record = f"variant_task:specwatch_acceptance_rate:ratio_{MONITORING.slow.rate}"
     prom.wait_evaluated(last, record)
     recorded = prom.values(record)
