@@ -59,19 +59,22 @@ def _normalised(v: VariantResults, concurrency: int, metric: str, server_clock: 
     return out
 
 
-def _parts(v: VariantResults, concurrency: int, metric: str, server_clock: bool) -> dict[str, list[float]]:
-    """The pooled values per round; with one round, per half of the block in time order."""
+def parts(v: VariantResults, concurrency: int, metric: str, server_clock: bool = False,
+          min_per_part: int = MIN_PER_PART) -> dict[str, list[float]]:
+    """The pooled values per round (`round R`); with one round, per half of the block in time order; parts of fewer
+    than `min_per_part` values left out. What a verdict's drift compares, and what `drift.png` draws
+    (`report.plots.drift_over_study`, every round however thin): one definition of drift."""
     pooled = _normalised(v, concurrency, metric, server_clock)
     by_round: dict[int, list[float]] = {}
     for r, x in pooled:
         by_round.setdefault(r.round, []).append(x)
     if len(by_round) >= 2:
-        parts = {f"round {r}": by_round[r] for r in sorted(by_round)}
+        split = {f"round {r}": by_round[r] for r in sorted(by_round)}
     else:
         ordered = [x for _, x in sorted(pooled, key=lambda p: p[0].start)]
         middle = len(ordered) // 2
-        parts = {"the first half of its block": ordered[:middle], "the second half of its block": ordered[middle:]}
-    return {k: xs for k, xs in parts.items() if len(xs) >= MIN_PER_PART}
+        split = {"the first half of its block": ordered[:middle], "the second half of its block": ordered[middle:]}
+    return {k: xs for k, xs in split.items() if len(xs) >= min_per_part}
 
 
 def drift(v: VariantResults, concurrency: int, metric: str, band: Band, server_clock: bool = False,
@@ -79,16 +82,16 @@ def drift(v: VariantResults, concurrency: int, metric: str, band: Band, server_c
     """The largest move of `metric` between two rounds of `v` (or the halves of its one block), its tasks pooled
     (each request over its task's median: the machine's drift is no task's), or its move `between` two named
     parts (another variant's drift, on this one); None without the data."""
-    parts = _parts(v, concurrency, metric, server_clock)
+    found = parts(v, concurrency, metric, server_clock)
     if between is not None:
-        if not all(p in parts for p in between):
+        if not all(p in found for p in between):
             return None
         first, second = between
-    elif len(parts) < 2:
+    elif len(found) < 2:
         return None
     else:
-        first, second = max(combinations(list(parts), 2),
-                            key=lambda p: abs(math.log(median(parts[p[1]]) / median(parts[p[0]]))))
-    ratio = compare(parts[first], parts[second], log_scale=True).effect
+        first, second = max(combinations(list(found), 2),
+                            key=lambda p: abs(math.log(median(found[p[1]]) / median(found[p[0]]))))
+    ratio = compare(found[first], found[second], log_scale=True).effect
     beyond = ratio.low > band.high or ratio.high < band.low
-    return Drift(v.name, metric, first, second, ratio, beyond, len(parts))
+    return Drift(v.name, metric, first, second, ratio, beyond, len(found))

@@ -18,8 +18,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from specwatch.report import drift as drift_mod  # noqa: E402
 from specwatch.report.judgements import TITLES, Judgements, band, concurrencies, perf_tasks  # noqa: E402
 from specwatch.report.results import PERF_METRICS, RunResults, VariantResults  # noqa: E402
+from specwatch.stats import median  # noqa: E402
 
 BASELINE_COLOUR = "#7f7f7f"
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
@@ -223,27 +225,22 @@ def kv_capacity(run: RunResults, out: Path, colour: dict[str, str]) -> Path:
 
 
 def drift_over_study(run: RunResults, baseline: str, out: Path, colour: dict[str, str]) -> Path | None:
-    """Each variant's TPOT block by block over the study (its tasks pooled, each request over its task's median),
-    the baseline thick: what the machine did under the study. A flat baseline is a quiet machine; the blocking
-    cancels a move that every variant of a round shares."""
+    """Each variant's TPOT round by round over the study, as its verdicts' drift reads it (`report.drift.parts`:
+    its tasks pooled, each request over its task's median; the median of each round drawn), the baseline thick:
+    what the machine did under the study. A flat baseline is a quiet machine; the blocking cancels a move that every
+    variant of a round shares."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
     t0 = min((b["start"] for v in run.variants for b in v.blocks), default=None)
     drawn = False
     for v in run.variants:
         for c in sorted(v.requests):
-            pooled: dict[int, list[float]] = {}
-            for rows in v.requests[c].values():
-                values = [(r.round, r.tpot_s) for r in rows if r.ok and r.tpot_s]
-                if not values:
-                    continue
-                mid = sorted(x for _, x in values)[len(values) // 2]
-                for r, x in values:
-                    pooled.setdefault(r, []).append(x / mid)
+            found = drift_mod.parts(v, c, "tpot", min_per_part=1)
+            rounds = {int(k.removeprefix("round ")): xs for k, xs in found.items() if k.startswith("round ")}
             times = {b["round"]: (b["start"] + b["end"]) / 2 for b in v.blocks if b.get("concurrency") == c}
-            if t0 is None or not pooled or not all(r in times for r in pooled):
+            if t0 is None or len(rounds) < 2 or not all(r in times for r in rounds):
                 continue
-            xs = [(times[r] - t0) / 60 for r in sorted(pooled)]
-            ys = [sorted(pooled[r])[len(pooled[r]) // 2] for r in sorted(pooled)]
+            xs = [(times[r] - t0) / 60 for r in sorted(rounds)]
+            ys = [median(rounds[r]) for r in sorted(rounds)]
             ax.plot(xs, ys, marker="o", color=colour[v.name], linewidth=3 if v.name == baseline else 1.2,
                     label=f"{v.name} (c = {c})", gid=v.name)
             drawn = True
