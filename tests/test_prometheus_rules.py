@@ -223,3 +223,12 @@ def test_the_unit_tests_catch_a_broken_rule(promtool, tmp_path, file, old, new):
     copy = _mutated(tmp_path, file, old, new)
     result = run(promtool, "test", "rules", "tests/recording.test.yml", "tests/alerts.test.yml", cwd=copy)
     assert result.returncode != 0 and "FAILED" in result.stdout + result.stderr, result.stdout[-2000:]
+
+
+def test_a_name_no_rule_records_is_refused_where_another_system_would_read_it() -> None:
+    """Issue 43: the Argo / Flagger queries name our recording rules through `recorded`, which knows every rule."""
+    from specwatch.promconfig.rules import recorded
+
+    assert recorded("variant_task:specwatch_requests:rate5m") == "variant_task:specwatch_requests:rate5m"
+    with pytest.raises(KeyError, match="variant_task:specwatch_request:rate5m"):
+        recorded("variant_task:specwatch_request:rate5m")

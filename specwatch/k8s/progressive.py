@@ -41,6 +41,7 @@ from specwatch.canary.samples import parse_window
 from specwatch.exporter.config import DEFAULT_TASKS
 from specwatch.files import write_or_check
 from specwatch.monitoring import MONITORING
+from specwatch.promconfig.rules import recorded
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "deploy" / "k8s" / "progressive"
@@ -93,7 +94,7 @@ def acceptance_floor() -> float:
 
 def _enough(variant: str, task: str, policy: policy_mod.Policy) -> str:
     """Whether `variant` served the policy's `min_samples` requests of `task` in the window (one sample, or none)."""
-    rate = f"variant_task:specwatch_requests:{WINDOW.rate}"
+    rate = recorded(f"variant_task:specwatch_requests:{WINDOW.rate}")
     seconds = int(parse_window(WINDOW.duration))
     return f'sum({rate}{{variant="{variant}",task="{task}"}}) * {seconds} >= {policy.min_samples}'
 
@@ -106,13 +107,13 @@ def _guarded(figure: str, task: str, policy: policy_mod.Policy) -> str:
 
 def tpot_query(task: str, policy: policy_mod.Policy) -> str:
     """The candidate's mean TPOT over the baseline's, one task, the alerts' window (one sample, or none)."""
-    mean = f"variant_task:specwatch_tpot_seconds:mean_{WINDOW.rate}"
+    mean = recorded(f"variant_task:specwatch_tpot_seconds:mean_{WINDOW.rate}")
     return _guarded(f'sum({mean}{{variant="{MONITORING.candidate}",task="{task}"}})\n/\n'
                     f'sum({mean}{{variant="{MONITORING.baseline}",task="{task}"}})', task, policy)
 
 
 def acceptance_query(task: str, policy: policy_mod.Policy) -> str:
-    rate = f"variant_task:specwatch_acceptance_rate:ratio_{WINDOW.rate}"
+    rate = recorded(f"variant_task:specwatch_acceptance_rate:ratio_{WINDOW.rate}")
     return _guarded(f'sum({rate}{{variant="{MONITORING.candidate}",task="{task}"}})', task, policy)
 
 

@@ -339,6 +339,15 @@ def recording_groups() -> list[Group]:
     return [Group("specwatch.gauges", tuple(vllm_gauge_rules() + k_rules())), *groups]
 
 
+def recorded(name: str) -> str:
+    """`name`, when a recording rule records it: what a query of another system (Argo Rollouts, Flagger) reads is a
+    rule of ours by its own name, and a renamed or dropped rule fails the generator instead of the rollout."""
+    names = {rule.record for group in recording_groups() for rule in group.rules}
+    if name not in names:
+        raise KeyError(f"no recording rule records {name!r}")
+    return name
+
+
 def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
