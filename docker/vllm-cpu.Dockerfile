@@ -33,7 +33,7 @@ COPY docker/build-inputs/ /tmp/build-inputs/
 WORKDIR /opt/specwatch/src
 # The installer and its pins alone, so this large layer (about 3.4 GiB) is rebuilt when they
 # change, not on every source edit. setup() needs the standard library only.
-COPY specwatch/__init__.py specwatch/config.py specwatch/vllm_pins.py specwatch/
+COPY specwatch/__init__.py specwatch/config.py specwatch/vllm_pins.py specwatch/files.py specwatch/
 COPY specwatch/vllm_cpu/__init__.py specwatch/vllm_cpu/setup.py \
      specwatch/vllm_cpu/vllm_entry.py specwatch/vllm_cpu/
 RUN . /tmp/build-inputs/pip-env.sh \

