@@ -115,23 +115,23 @@ class _ProgressView:
         self.said: dict[str, int] = {}
 
     def __enter__(self) -> _ProgressView:
-        if self.rich is not None:
-            r = self.rich
-            self.bar = r.Progress(r.TextColumn("{task.description}"), r.BarColumn(), r.MofNCompleteColumn(),
-                                  r.TextColumn("{task.fields[loss]}"), r.TimeElapsedColumn(), r.TextColumn("left"),
-                                  r.TimeRemainingColumn())
-            self.bar.__enter__()
         return self
 
     def show(self, step: dict[str, Any]) -> None:
         phase, done, total = str(step["phase"]), int(step["done"]), int(step["total"])
         loss = f"loss {step['loss']:.3f}" if "loss" in step else ""
-        if self.bar is None:
+        if self.rich is None:
             tenth = 10 * done // max(total, 1)
             if self.said.get(phase) != tenth:
                 self.said[phase] = tenth
                 print(f"   {PHASES.get(phase, phase)}: {done}/{total} {loss} ({step['seconds']} s)", flush=True)
             return
+        if self.bar is None:  # started at the first progress line: a tool that reports none draws nothing
+            r = self.rich
+            self.bar = r.Progress(r.TextColumn("{task.description}"), r.BarColumn(), r.MofNCompleteColumn(),
+                                  r.TextColumn("{task.fields[loss]}"), r.TimeElapsedColumn(), r.TextColumn("left"),
+                                  r.TimeRemainingColumn())
+            self.bar.__enter__()
         if phase not in self.tasks:
             self.tasks[phase] = self.bar.add_task(PHASES.get(phase, phase), total=total, loss="")
         self.bar.update(self.tasks[phase], completed=done, loss=loss)
