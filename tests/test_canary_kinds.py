@@ -15,7 +15,7 @@ import yaml
 from specwatch import resources
 from specwatch.canary import policy as policy_mod
 from specwatch.canary.samples import Side
-from specwatch.canary.scoring import CanaryVerdict, judge
+from specwatch.canary.scoring import CanaryVerdict, canary_verdict
 
 
 def side(tpot: float, itl_p95: float, drafts: bool, rng: random.Random, n: int = 40) -> Side:
@@ -31,7 +31,7 @@ def verdict_of(baseline_drafts: bool, policy: policy_mod.Policy | None = None) -
     rng = random.Random(5)
     data = {("code", "baseline"): side(0.010, 0.020, baseline_drafts, rng),
             ("code", "candidate"): side(0.008, 0.030, True, rng)}
-    return judge(policy or policy_mod.load(), data, "baseline", "candidate", ("code",), "10m")
+    return canary_verdict(policy or policy_mod.load(), data, "baseline", "candidate", ("code",), "10m")
 
 
 def test_bursts_against_a_baseline_that_does_not_speculate_are_a_caution_not_a_failure() -> None:

@@ -209,7 +209,7 @@ def run_study(home: Home, folder: Path, plan: str, hog_blocks: int | None = None
 
 def _verdicts(run: results.RunResults) -> dict[tuple[str, str], verdict.Verdict]:
     """The verdicts at concurrency 2 against `baseline`, by (variant, task)."""
-    return {(v.variant, v.task): v for v in verdict.judge(run, "baseline", 2, judgements.build(run, "baseline", 2))}
+    return {(v.variant, v.task): v for v in verdict.verdicts(run, "baseline", 2, judgements.build(run, "baseline", 2))}
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def _run(*variants: VariantResults, timeline: dict[str, Any] | None = None) -> R
 def _judged(run: RunResults) -> tuple[list[verdict.Verdict], judgements.Judgements]:
     """The verdicts at TARGET against `baseline`, and the report's judgements they read (the default policy)."""
     table = judgements.build(run, "baseline", TARGET)
-    return verdict.judge(run, "baseline", TARGET, table), table
+    return verdict.verdicts(run, "baseline", TARGET, table), table
 
 
 def _one(*variants: VariantResults) -> verdict.Verdict:

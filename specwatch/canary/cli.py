@@ -24,7 +24,7 @@ from specwatch.canary import policy as policy_mod
 from specwatch.canary import report
 from specwatch.canary import serve as serve_mod
 from specwatch.canary.samples import Data, SourceError, from_event_log, from_prometheus, parse_window
-from specwatch.canary.scoring import CanaryVerdict, judge
+from specwatch.canary.scoring import CanaryVerdict, canary_verdict
 from specwatch.canary.watch import AdminError, push_verdict, watch
 from specwatch.config import Home
 from specwatch.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_USAGE
@@ -62,7 +62,7 @@ def evaluate(cfg: CanaryConfig, due: float | None = None) -> CanaryVerdict:
         sources.append(f"Prometheus {cfg.prometheus}")
     seen = {t for (t, _), side in data.items() if side.requests or side.counts.get("requests", 0) > 0}
     chosen = cfg.tasks or tuple(sorted(seen))
-    return judge(cfg.policy, data, cfg.baseline, cfg.candidate, chosen, cfg.window, sources)
+    return canary_verdict(cfg.policy, data, cfg.baseline, cfg.candidate, chosen, cfg.window, sources)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specwatch import judge as judge_mod
+from specwatch import judge
 from specwatch.canary.policy import SPECULATION_VS_NONE, MetricPolicy, Policy
 from specwatch.canary.samples import METRICS, Data, Side
 from specwatch.judge import Scale, State
@@ -117,14 +117,14 @@ def judge_metric(mp: MetricPolicy, policy: Policy, base: Side, cand: Side) -> Me
                             reason=f"{title}: {value:.2%} of {n} greedy requests, the floor is {mp.at_least:.2%}"
                                    f"{' — fail' if failed else ''}")
     scale: Scale = "ratio" if spec.scale == "ratio" else "difference"
-    band = judge_mod.Band.around(scale, mp.allowed_decrease, mp.allowed_increase)  # no meaningful change
+    band = judge.Band.around(scale, mp.allowed_decrease, mp.allowed_increase)  # no meaningful change
     if spec.per_request and (base.requests or cand.requests):
         method = "Newcombe interval, z-test" if spec.scale == "proportion" else (
             "Mann-Whitney U, Hodges-Lehmann on logs" if spec.scale == "ratio" else "Mann-Whitney U, Hodges-Lehmann")
         if spec.scale == "proportion":
-            cmp = judge_mod.proportions(base.errors, base.requests, cand.errors, cand.requests, band, policy.rules)
+            cmp = judge.proportions(base.errors, base.requests, cand.errors, cand.requests, band, policy.rules)
         else:
-            cmp = judge_mod.samples(base.samples.get(mp.name, []), cand.samples.get(mp.name, []),
+            cmp = judge.samples(base.samples.get(mp.name, []), cand.samples.get(mp.name, []),
                                     scale, band, policy.rules)
         nb, nc = cmp.n_baseline, cmp.n_candidate
         if cmp.state == "insufficient" or cmp.effect is None or cmp.p_value is None:
@@ -203,8 +203,8 @@ def worst(verdicts: Sequence[Verdict]) -> Verdict:
     return min(verdicts, key=VERDICTS.index) if verdicts else "insufficient"
 
 
-def judge(policy: Policy, data: Data, baseline: str, candidate: str, tasks: Sequence[str], window: str,
-          sources: Sequence[str] = ()) -> CanaryVerdict:
+def canary_verdict(policy: Policy, data: Data, baseline: str, candidate: str, tasks: Sequence[str],
+                   window: str, sources: Sequence[str] = ()) -> CanaryVerdict:
     """The verdict for every task; a task without data on a side is judged on an empty side (insufficient).
     The comparison's kind is the policy's, or (auto) speculation against speculation when the baseline drafted."""
     kind = policy.kind(baseline_speculates(data, baseline))

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from specwatch import judge as judge_mod
+from specwatch import judge
 from specwatch.canary import policy as policy_mod
 from specwatch.judge import Band, Comparison
 from specwatch.report.results import PERF_METRICS, RunResults, VariantResults
@@ -60,7 +60,7 @@ def _interval(cmp: Comparison, e: Shift) -> str:
     return f"[{e.low:+.3f}, {e.high:+.3f}]"
 
 
-def line_text(title: str, cmp: Comparison, finding: Finding, rules: judge_mod.Rules) -> str:
+def line_text(title: str, cmp: Comparison, finding: Finding, rules: judge.Rules) -> str:
     """"TPOT -19 % [-31 %, -6 %], n = 24 / 24: better" (ratio metrics; differences in points); a blocked
     comparison adds its interval over rounds: "TPOT -19 % [-31 %, -6 %] over requests, [-35 %, -2 %] over 4
     rounds, n = 24 / 24: better"."""
@@ -112,7 +112,7 @@ def _perf_lines(v: VariantResults, base: VariantResults, concurrency: int, task:
     clock = server_clock(v, base, concurrency, task)
     for name in PERF_METRICS:
         mp = metric_policy(policy, name)
-        cmp = judge_mod.blocked(base.samples_by_round(concurrency, task, name, clock),
+        cmp = judge.blocked(base.samples_by_round(concurrency, task, name, clock),
                                 v.samples_by_round(concurrency, task, name, clock), "ratio", band(mp), policy.rules)
         finding = _finding(cmp, mp)
         title = f"{TITLES[name]} (server clock)" if clock and name == "tpot" else TITLES[name]

@@ -113,8 +113,8 @@ def _acceptance(v: VariantResults, task: str) -> MetricLine | None:
                       f"acceptance {e.estimate:.0%}{interval}, n = {len(pairs)} requests (acceptance pass, C / D)")
 
 
-def judge(run: RunResults, baseline_name: str, target_concurrency: int, judgements: Judgements,
-          capacity_loss_bound: float = DEFAULT_CAPACITY_LOSS) -> list[Verdict]:
+def verdicts(run: RunResults, baseline_name: str, target_concurrency: int, judgements: Judgements,
+             capacity_loss_bound: float = DEFAULT_CAPACITY_LOSS) -> list[Verdict]:
     """A verdict per candidate and task, from the report's judgements (`specwatch.report.judgements.build` with the
     same baseline and target) and their policy."""
     return [_judge_one(v, baseline, task, target_concurrency, capacity_loss_bound, judgements, run.design)
