@@ -71,7 +71,7 @@ class VllmFamilies:
 
 
 @dataclass(frozen=True)
-class CostTable:
+class CostTableNames:
     """The record names of a step-cost table (`promconfig.cost_rules` writes them, the best-k rules read them).
 
     A cost table is a static rule file of constants: the median step time per variant, batch size and draft
@@ -143,7 +143,7 @@ class MonitoringSettings:
     max_conditional_position: int = 15
     # expected tokens per step are recorded for k = 0 .. this, and the best k is searched over the same range
     max_expected_k: int = 15
-    cost_table: CostTable = field(default_factory=CostTable)
+    cost_table: CostTableNames = field(default_factory=CostTableNames)
     # the canary ratios compare these two variants (the exporter's and compose's route names)
     baseline: str = "baseline"
     candidate: str = "candidate"

@@ -30,7 +30,7 @@ BUILD_TIMEOUT_S = 3600
 class Prebuild:
     """The engine (or why there is none) and the background `specwatch images build`, with its log."""
 
-    engine: engine_mod.Engine | None
+    engine: engine_mod.DockerEngine | None
     error: str
     proc: subprocess.Popen[bytes] | None
     log: Path

@@ -57,7 +57,7 @@ def timings(config: pytest.Config, key: str, **values: Any) -> None:
 
 
 @pytest.fixture(scope="session")
-def docker_engine(prebuild: Prebuild) -> engine_mod.Engine:
+def docker_engine(prebuild: Prebuild) -> engine_mod.DockerEngine:
     """Obtained at collection by tests/compose_prebuild.py, stopped at the end of the run."""
     if prebuild.engine is None:
         pytest.fail(f"no Docker engine for the compose tier: {prebuild.error}")
@@ -82,7 +82,7 @@ def built(request: pytest.FixtureRequest, prebuild: Prebuild) -> tuple[str, bool
 
 
 @pytest.fixture(scope="module", params=["sim", "cpu"])
-def stack(request: pytest.FixtureRequest, docker_engine: engine_mod.Engine,
+def stack(request: pytest.FixtureRequest, docker_engine: engine_mod.DockerEngine,
           built: tuple[str, bool]) -> Iterator[ComposeStack]:
     profile: str = request.param
     spec = PROFILES[profile]
@@ -116,7 +116,7 @@ def stack(request: pytest.FixtureRequest, docker_engine: engine_mod.Engine,
 
 @pytest.mark.parametrize("image", ["specwatch/specwatch:0.1.0", "specwatch/vllm-cpu:0.32.0"])
 def test_images_run_as_a_user_that_reads_its_files_and_carry_no_build_input(
-        docker_engine: engine_mod.Engine, built: tuple[str, bool], image: str) -> None:
+        docker_engine: engine_mod.DockerEngine, built: tuple[str, bool], image: str) -> None:
     script = ("id -u; find / -xdev \\( -name ca-bundle.crt -o -name 'torch-*.whl' -o -name build-inputs "
               "-o -name 'arctic_inference-*.whl' \\) -print 2>/dev/null; "
               "find /opt/specwatch -xdev ! -readable -print 2>/dev/null | head -5")

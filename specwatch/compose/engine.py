@@ -20,7 +20,7 @@ from specwatch.compose.docker_cli import DockerError, docker_binary
 
 
 @dataclass
-class Engine:
+class DockerEngine:
     """An engine and the environment that reaches it (DOCKER_HOST); `proc` only when started here."""
 
     env: dict[str, str]
@@ -50,16 +50,16 @@ def private_host(state: Path) -> str:
     return f"unix://{state / 'docker.sock'}"
 
 
-def obtain(state: Path, environ: Mapping[str, str], *, start_timeout: float = 90, niceness: int = 0) -> Engine:
+def obtain(state: Path, environ: Mapping[str, str], *, start_timeout: float = 90, niceness: int = 0) -> DockerEngine:
     """The engine of DOCKER_HOST (or the default socket) when it answers, else the private one under
     `state` when it already runs, else a private dockerd started now and waited for. A private dockerd
     started with `niceness` > 0 runs under `nice`, and so does every build step and container it starts."""
     base = dict(environ)
     if answers(base):
-        return Engine(base)
+        return DockerEngine(base)
     env = {**base, "DOCKER_HOST": private_host(state)}
     if answers(env):
-        return Engine(env)
+        return DockerEngine(env)
     dockerd = shutil.which("dockerd")
     if dockerd is None:
         raise DockerError("no Docker engine answers and there is no `dockerd`: "
@@ -74,7 +74,7 @@ def obtain(state: Path, environ: Mapping[str, str], *, start_timeout: float = 90
         [*nice, dockerd, "--data-root", str(state / "data"), "--exec-root", str(state / "exec"),
          "--pidfile", str(state / "dockerd.pid"), "--host", private_host(state)],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-    engine = Engine(env, proc)
+    engine = DockerEngine(env, proc)
     deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -94,7 +94,7 @@ class Variant:
 
 
 @dataclass(frozen=True)
-class Sweep:
+class SweepPlan:
     """A tuning sweep: one method at every draft length in `ks` (0 = the baseline) at every performance concurrency.
 
     Expanded into variants `k0`, `k1`, ... (`sweep_variant_name`); with `proof`, `specwatch tune` then measures
@@ -143,7 +143,7 @@ class StudyPlan:
     performance: PerformancePass | None
     variants: tuple[Variant, ...]
     text: str  # the plan file as given (saved as results/<run-id>/plan.yaml)
-    sweep: Sweep | None = None
+    sweep: SweepPlan | None = None
     # interleaved: every variant's server up at once, the performance pass in `rounds` rounds of one block per
     # variant, the order rotated from round to round; bracketed: the same rounds with one server up at a time,
     # restarted for each block, the order reversed every other round; sequential: each variant in turn, one block
@@ -395,7 +395,7 @@ def _variants(value: Any, plan_model: str, default_backend: BackendSpec, home: H
 
 
 def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass | None, server: ServerFlags,
-           home: Home) -> tuple[Sweep, tuple[Variant, ...]]:
+           home: Home) -> tuple[SweepPlan, tuple[Variant, ...]]:
     m = _mapping(value, "sweep", ("method", "ks", "proof", "max_tpot_ms"))
     method = _spec_config(m.get("method"), "sweep.method", home)
     if method is None:
@@ -415,7 +415,7 @@ def _sweep(value: Any, model: str, backend: BackendSpec, perf: PerformancePass |
     tpot = m.get("max_tpot_ms")
     if tpot is not None and (not isinstance(tpot, int | float) or isinstance(tpot, bool) or tpot <= 0):
         raise PlanError(f"sweep.max_tpot_ms: expected a positive number of milliseconds, got {_kind(tpot)}")
-    sweep = Sweep(method, tuple(sorted(ks)), _bool(m, "proof", "sweep", True),
+    sweep = SweepPlan(method, tuple(sorted(ks)), _bool(m, "proof", "sweep", True),
                   None if tpot is None else float(tpot))
     variants = tuple(
         Variant(sweep_variant_name(k), model, None if k == 0 else {**method, "num_speculative_tokens": k}, backend,
@@ -429,7 +429,7 @@ TOP_KEYS = ("name", "backend", "model", "served_model_name", "server", "lang", "
             "disturbed_above_cores")
 
 
-def _design(m: dict[str, Any], variants: tuple[Variant, ...], sweep: Sweep | None,
+def _design(m: dict[str, Any], variants: tuple[Variant, ...], sweep: SweepPlan | None,
             performance: PerformancePass | None) -> tuple[Design, int]:
     """The plan's design and rounds; by default the strongest that fits: interleaved where every variant's
     server can run beside the others (a study on `sim` or `vllm_cpu`), else bracketed (one server at a time,
@@ -477,7 +477,7 @@ def parse_plan(text: str, base_dir: Path, home: Home, inputs: Path | None = None
         raise PlanError(f"lang: expected one of {', '.join(LANGS)} (the article's built-in prompts), got {_kind(lang)}")
     backend = _backend(m.get("backend", "sim"), "backend", home)
     performance = _performance(m.get("performance"))
-    sweep: Sweep | None = None
+    sweep: SweepPlan | None = None
     if "sweep" in m:
         sweep, variants = _sweep(m["sweep"], model, backend, performance, _server(m.get("server")), home)
     else:

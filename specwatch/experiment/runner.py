@@ -46,7 +46,7 @@ from specwatch.experiment import blocks, disturbance, environment, passes
 from specwatch.experiment.blocks import bracket, rotation
 from specwatch.experiment.layout import DONE, FAILED, RunFolder, VariantFolder
 from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, batch_size, sweep_variant_name
-from specwatch.experiment.timeline import PrometheusError, Timeline, Window
+from specwatch.experiment.timeline import PrometheusError, Span, Timeline
 from specwatch.files import read_json_object, sha256_file, write_json, write_text
 from specwatch.load.results import RequestResult
 from specwatch.net import free_port
@@ -264,7 +264,7 @@ class Runner:
         if self.timeline is None:
             return
         saved = self.run.timeline_variants()
-        windows = {name: Window(*s["window"]) for name, s in statuses.items()
+        windows = {name: Span(*s["window"]) for name, s in statuses.items()
                    if s.get("state") == DONE and s.get("window") and name not in saved}
         backends = {v.name: v.backend.kind for v in self.plan.variants}
         try:

@@ -36,7 +36,7 @@ FIRST_SCRAPE_SECONDS = 15.0  # file discovery picks a new target up at once; its
 
 
 @dataclass(frozen=True)
-class Window:
+class Span:
     """When a variant's server was measured: from healthy to the last snapshot (Unix seconds)."""
 
     start: float
@@ -111,7 +111,7 @@ class Timeline:
             time.sleep(0.2)
         return False
 
-    def save(self, windows: Mapping[str, Window], backends: Mapping[str, str]) -> None:
+    def save(self, windows: Mapping[str, Span], backends: Mapping[str, str]) -> None:
         """Query the key panels over each window and merge them into `timeline.json` (earlier variants kept)."""
         if self.server is None or not windows:
             return
@@ -127,7 +127,7 @@ class Timeline:
                                            "series": self._series(record["queries"], variant, window)}
         write_json(self.out, record)
 
-    def _series(self, queries: list[dict[str, Any]], variant: str, window: Window) -> dict[str, list[dict[str, Any]]]:
+    def _series(self, queries: list[dict[str, Any]], variant: str, window: Span) -> dict[str, list[dict[str, Any]]]:
         assert self.server is not None
         out: dict[str, list[dict[str, Any]]] = {}
         for q in queries:
@@ -152,4 +152,4 @@ class Timeline:
             self.server = None
 
 
-__all__ = ["PrometheusError", "Timeline", "Window", "prometheus_version"]
+__all__ = ["PrometheusError", "Timeline", "Span", "prometheus_version"]

@@ -57,7 +57,7 @@ class SpecCounters:
 
 
 @dataclass(frozen=True)
-class Engine(SpecCounters):
+class EngineCounters(SpecCounters):
     """One vLLM engine's counter slopes and gauge values."""
 
     generation: int
@@ -83,9 +83,9 @@ class TaskCounters(SpecCounters):
 
 
 VLLM_ENGINES = {  # (variant, engine)
-    ("baseline", "0"): Engine(20, 80, 40, (16, 12, 8, 4), 240, {"length": 2, "stop": 1}, 0, 0.5, 4, 0),
-    ("candidate", "0"): Engine(30, 90, 50, (22, 16, 12), 200, {"length": 1, "stop": 1}, 3, 0.25, 2, 1),
-    ("candidate", "1"): Engine(15, 45, 25, (11, 8, 6), 100, {"length": 1}, 0, 0.75, 1, 0),
+    ("baseline", "0"): EngineCounters(20, 80, 40, (16, 12, 8, 4), 240, {"length": 2, "stop": 1}, 0, 0.5, 4, 0),
+    ("candidate", "0"): EngineCounters(30, 90, 50, (22, 16, 12), 200, {"length": 1, "stop": 1}, 3, 0.25, 2, 1),
+    ("candidate", "1"): EngineCounters(15, 45, 25, (11, 8, 6), 100, {"length": 1}, 0, 0.75, 1, 0),
 }
 VLLM_HIST_BOUNDS = {S.vllm.ttft: (0.05, 0.1, 0.2, 0.5), S.vllm.tpot: (0.01, 0.02, 0.05, 0.1),
                     S.vllm.itl: (0.005, 0.01, 0.02, 0.05), S.vllm.e2e: (1.0, 2.0, 5.0, 10.0)}
