@@ -154,6 +154,12 @@ class Serving:
 
 
 class Runner:
+    """One attempt at a plan's run folder: `prepare` checks the folder fits the plan (a resume must pass the same plan
+    and inputs) and records it (`run.json`, `inputs/`, `sweep.json`); `execute` starts each variant's server, puts
+    its blocks in the plan's design (sequential, interleaved rounds or bracketed), measures a disturbed round again
+    (`disturbance`), and stops every server; the records of each variant go to its folder as they are made
+    (`layout.VariantFolder`), `status.json` last."""
+
     def __init__(self, plan: StudyPlan, options: RunOptions, console: Console) -> None:
         self.plan, self.options, self.console = plan, options, console
         self.run = RunFolder(options.out / options.run_id)
