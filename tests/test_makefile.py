@@ -1,7 +1,10 @@
-"""The Makefile's front door: `make generate` is pure Python, `make capture` is what needs the real vLLM."""
+"""The Makefile's front door: `make generate` is pure Python, `make capture` is what needs the real vLLM, and the
+study targets run as typed (`make demo-sim` here, `make tune-sim` in tests/test_tune.py), on small plans."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,3 +37,37 @@ def test_capture_refreshes_the_goldens_and_the_catalog_from_the_real_vllm() -> N
     assert "vllm-cpu setup" in commands and "vllm-cpu capture --out tests/fixtures/vllm-0.32.0" in commands
     assert "scripts/vllm_catalog.py" in commands
     assert not any(f"-m {module}" in commands for module in GENERATORS)
+
+
+SMALL_SIM_PLAN = """
+name: small-demo-sim
+backend: {kind: sim, args: ["--sim-time-scale", "0.02"]}
+model: Qwen/Qwen3-8B
+tasks: {code: article, chat: article}
+acceptance: {rows: 2, max_tokens: 24}
+performance: {concurrencies: [2], requests: 4, warmup: 1, max_tokens: 16}
+variants:
+  baseline: {}
+  ngram:
+    speculative_config: {method: ngram, num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 4}
+"""
+
+
+@pytest.mark.servers
+def test_make_demo_sim_runs_a_study_and_its_report_as_typed(tmp_path: Path) -> None:
+    """Issue 43: `make demo-sim` as a user types it, from the checkout, the results folder a relative path as
+    `results` is; a small plan in place of the article's six variants (`DEMO_SIM_PLAN`, the Makefile's own knob).
+    It runs the study and its report, whose verdict lines it prints. `-o .venv/.installed`: this environment."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(SMALL_SIM_PLAN)
+    out = tmp_path / "results"
+    done = subprocess.run(["make", "-o", ".venv/.installed", "demo-sim", f"DEMO_SIM_PLAN={os.path.relpath(plan, ROOT)}",
+                           f"RESULTS={os.path.relpath(out, ROOT)}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    [run] = out.iterdir()
+    assert run.name.startswith("article-sim-"), run
+    assert (run / "report" / "report.md").is_file() and (run / "report" / "report.html").is_file()
+    printed = done.stdout + done.stderr
+    verdict = re.search(r"^(GO|NO-GO|INCONCLUSIVE) +ngram +(code|chat) +at concurrency 2: ", printed, re.M)
+    assert verdict, printed[-3000:]
