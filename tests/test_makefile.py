@@ -25,6 +25,19 @@ def dry_run(target: str) -> str:
     return result.stdout
 
 
+def make_as_typed(target: str, plan_variable: str, plan: Path, out: Path, timeout: float) -> Path:
+    """`make TARGET` run from the checkout as a user types it, its plan (`PLAN_VARIABLE`) and its results folder
+    (`RESULTS`) named by paths relative to the checkout, as `results` is; `-o .venv/.installed`: the environment
+    this test runs in. The one run folder it made; the target's output is in the failure message."""
+    done = subprocess.run(["make", "-o", ".venv/.installed", target, f"{plan_variable}={os.path.relpath(plan, ROOT)}",
+                           f"RESULTS={os.path.relpath(out, ROOT)}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    [run] = out.iterdir()
+    (run / "make-output.txt").write_text(done.stdout + done.stderr)
+    return run
+
+
 def test_generate_runs_every_generator_without_the_vllm_install() -> None:
     commands = dry_run("generate")
     for module in GENERATORS:
@@ -60,14 +73,9 @@ def test_make_demo_sim_runs_a_study_and_its_report_as_typed(tmp_path: Path) -> N
     It runs the study and its report, whose verdict lines it prints. `-o .venv/.installed`: this environment."""
     plan = tmp_path / "plan.yaml"
     plan.write_text(SMALL_SIM_PLAN)
-    out = tmp_path / "results"
-    done = subprocess.run(["make", "-o", ".venv/.installed", "demo-sim", f"DEMO_SIM_PLAN={os.path.relpath(plan, ROOT)}",
-                           f"RESULTS={os.path.relpath(out, ROOT)}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, check=False)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    [run] = out.iterdir()
+    run = make_as_typed("demo-sim", "DEMO_SIM_PLAN", plan, tmp_path / "results", timeout=900)
     assert run.name.startswith("article-sim-"), run
     assert (run / "report" / "report.md").is_file() and (run / "report" / "report.html").is_file()
-    printed = done.stdout + done.stderr
+    printed = (run / "make-output.txt").read_text()
     verdict = re.search(r"^(GO|NO-GO|INCONCLUSIVE) +ngram +(code|chat) +at concurrency 2: ", printed, re.M)
     assert verdict, printed[-3000:]

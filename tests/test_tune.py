@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,8 +28,7 @@ from specwatch.simulator.tokens import tokenize
 from specwatch.tune import fit, proof
 from specwatch.tune.sweep import Sample, sample
 from specwatch.workloads import article_rows
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_makefile import make_as_typed
 
 REPO = Path(__file__).parents[1]
 KS = (0, 1, 2, 3, 4)
@@ -242,12 +239,7 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     proof stopped, on every fresh clone). `-o .venv/.installed`: the environment is the one this test runs in."""
     plan = tmp_path / "plan.yaml"
     plan.write_text(SWEEP)
-    out = tmp_path / "results"
-    done = subprocess.run(["make", "-o", ".venv/.installed", "tune-sim", f"TUNE_SIM_PLAN={os.path.relpath(plan, ROOT)}",
-                           f"RESULTS={os.path.relpath(out, ROOT)}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=1500, check=False)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    [run] = out.iterdir()
+    run = make_as_typed("tune-sim", "TUNE_SIM_PLAN", plan, tmp_path / "results", timeout=1500)
     assert run.name.startswith("tune-sim-"), run
     assert json.loads((run / "run.json").read_text())["variants"] == ["k0", "k4", "k12", "dynamic"]
     got = _check_tune_outputs(run)
