@@ -21,10 +21,10 @@ from pathlib import Path
 
 import requests
 
-from specwatch import vllm_metrics
 from specwatch.config import resolve_home
 from specwatch.models import build as models
 from specwatch.net import free_port
+from specwatch.snapshot import server_figures
 from specwatch.vllm_cpu.server import SERVED_MODEL_NAME, VllmServer, serve_argv
 from specwatch.workloads import TASKS, article_rows
 
@@ -45,7 +45,7 @@ def main() -> int:
         "method": "eagle3", "model": str(folders.eagle3), "num_speculative_tokens": args.k})
     log = Path(tempfile.mkdtemp(prefix="eagle3-")) / "server.log"
     with VllmServer(home, argv, port, log).start() as server:
-        before = vllm_metrics.spec_decode_counters(requests.get(server.url + "/metrics", timeout=30).text)
+        before = requests.get(server.url + "/metrics", timeout=30).text
         result: dict[str, object] = {"k": args.k, "rows": args.rows, "max_tokens": args.max_tokens,
                                      "head": json.loads((folders.eagle3 / "TRAINING.json").read_text())}
         sums = {"R": 0, "C": 0, "D": 0}
@@ -67,9 +67,9 @@ def main() -> int:
                 "acceptance_by_position": [round(sum(hist[i:]) / steps, 3) for i in range(1, args.k + 1)],
                 "acceptance_rate": round(sum(i * h for i, h in enumerate(hist)) / (steps * args.k), 3),
                 "mean_acceptance_length": round(1 + sum(i * h for i, h in enumerate(hist)) / steps, 3)}
-        after = vllm_metrics.spec_decode_counters(requests.get(server.url + "/metrics", timeout=30).text)
-    server_delta = {"R": after.drafts - before.drafts, "C": after.accepted - before.accepted,
-                    "D": after.draft_tokens - before.draft_tokens}
+        after = requests.get(server.url + "/metrics", timeout=30).text
+    delta = server_figures(before, after)
+    server_delta = {"R": delta.steps, "C": delta.accepted, "D": delta.draft_tokens}
     result["reconciled"] = server_delta == sums
     result["server_counters"], result["summed_fields"] = server_delta, sums
     text = json.dumps(result, indent=1)

@@ -24,9 +24,9 @@ from specwatch.config import Home
 from specwatch.models import build as models
 from specwatch.net import free_port
 from specwatch.reconcile import Check, reconcile
+from specwatch.snapshot import server_figures
 from specwatch.vllm_cpu import setup as vllm_setup
 from specwatch.vllm_cpu.server import NGRAM_CONFIG, VllmServer, serve_argv
-from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import TASKS, article_rows
 
 
@@ -86,7 +86,7 @@ def _measure(cfg: ServerCheckConfig, url: str, server: dict[str, Any], console: 
 
     per_task = {task: acceptance.total(r.body for r in results if r.row.task == task) for task in TASKS}
     everything = acceptance.total(r.body for r in results)
-    checks = reconcile(everything, spec_decode_counters(after).minus(spec_decode_counters(before)))
+    checks = reconcile(everything, server_figures(before, after))
     output_tokens = sum(a.output_tokens for a in per_task.values())
     server = {**server, "wall_seconds": round(wall, 1),
               "output_tokens_per_second": round(output_tokens / wall, 1) if wall else None}

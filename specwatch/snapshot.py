@@ -161,6 +161,13 @@ def _positions(values: dict[int, float]) -> tuple[float, ...]:
     return tuple(values.get(p, 0.0) for p in range(max(values) + 1)) if values else ()
 
 
+def server_figures(before: str, after: str) -> Figures:
+    """vLLM's spec-decode counters' differences between two expositions of one server process, for a caller that
+    holds the texts (`diff` of two snapshots of them); all zero where the server does not speculate;
+    CounterResetError across a restart."""
+    return diff(Snapshot("", 0.0, before), Snapshot("", 0.0, after)).server or Figures()
+
+
 def diff(before: Snapshot, after: Snapshot) -> Difference:
     if before.url != after.url:
         raise SnapshotError(f"snapshots of different endpoints: {before.url} and {after.url}")

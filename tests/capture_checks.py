@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.acceptance import spec_field, total
 from specwatch.reconcile import reconcile
-from specwatch.vllm_metrics import spec_decode_counters
+from specwatch.snapshot import server_figures
+from specwatch.vllm_metrics import DRAFTS, PER_POS, samples
 
 
 def sse_events(raw: bytes) -> list[Any]:
@@ -97,16 +98,19 @@ def check_capture(folder: Path, speculative: bool, k: int = 4) -> None:
 
     reconcilable = [e["name"] for e in manifest["exchanges"] if e["phase"] == "reconcilable"]
     bodies = [final_body(folder, n) for n in reconcilable]
-    before = spec_decode_counters((folder / "metrics_before.txt").read_text())
-    mid = spec_decode_counters((folder / "metrics_mid.txt").read_text())
+    before = (folder / "metrics_before.txt").read_text()
+    mid = (folder / "metrics_mid.txt").read_text()
     summed = total(bodies)
     if not speculative:
-        assert summed.missing == len(bodies) and mid.drafts == 0 and not mid.per_position
+        found = samples(mid)  # no draft counted, no position child: the server does not speculate
+        assert summed.missing == len(bodies) and sum(v for (n, _), v in found.items() if n == DRAFTS) == 0
+        assert not any(n == PER_POS for n, _ in found)
         return
     assert summed.missing == 0, "every reconcilable request carries metrics.speculative_decoding"
     assert len(summed.histogram) == k + 1
-    assert sorted(before.per_position) == list(range(k)), "position children exist before any request"
-    checks = reconcile(summed, mid.minus(before))
+    children = sorted(int(dict(labels)["position"]) for name, labels in samples(before) if name == PER_POS)
+    assert children == list(range(k)), "position children exist before any request"
+    checks = reconcile(summed, server_figures(before, mid))
     assert [c for c in checks if not c.equal] == [] and summed.steps > 0
 
     # where the field is null or absent

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specwatch.chat_client import fetch_metrics
 from specwatch.net import free_port
-from specwatch.vllm_metrics import spec_decode_counters
+from specwatch.snapshot import server_figures
 from specwatch.workloads import article_rows
 from tests.capture_checks import sse_events
 from tests.conftest import NGRAM_SIM_ARGS, Service
@@ -80,14 +80,14 @@ def spec_of(r: requests.Response) -> dict:
 
 def test_counters_by_task_equal_what_clients_received_and_the_upstreams_deltas(tap, upstream):
     before_tap = {n: samples(tap.url, n) for n in ("specwatch_spec_steps_total", "specwatch_accepted_tokens_total")}
-    before_up = spec_decode_counters(fetch_metrics(upstream.url))
+    before_up = fetch_metrics(upstream.url)
     received: dict[str, list[dict]] = {"code": [], "chat": []}
     for task in ("code", "chat"):
         for i, row in enumerate(article_rows(task)[:3]):
             # with the header, and without it (the default rules classify the article's prompts)
             r = chat(tap.url, row.prompt, task if i % 2 else None, stream=i == 2, usage=i == 2)
             received[task].append(spec_of(r))
-    delta_up = spec_decode_counters(fetch_metrics(upstream.url)).minus(before_up)
+    delta_up = server_figures(before_up, fetch_metrics(upstream.url))
     for task, fields in received.items():
         labels = {"variant": "baseline", "task": task}
         assert value(tap.url, "specwatch_spec_steps_total", **labels) - sum(
@@ -97,7 +97,7 @@ def test_counters_by_task_equal_what_clients_received_and_the_upstreams_deltas(t
             v for k, v in before_tap["specwatch_accepted_tokens_total"].items() if ("task", task) in k) == sum(
             f["num_accepted_draft_tokens"] for f in fields)
     every = received["code"] + received["chat"]
-    assert delta_up.drafts == sum(f["num_spec_steps"] for f in every)
+    assert delta_up.steps == sum(f["num_spec_steps"] for f in every)
     assert delta_up.accepted == sum(f["num_accepted_draft_tokens"] for f in every)
     for p in range(4):
         assert delta_up.per_position[p] == sum(sum(f["acceptance_histogram"][p + 1:]) for f in every)
@@ -135,10 +135,10 @@ def test_streamed_bytes_equal_the_upstreams_and_usage_injection_is_invisible(tap
 
 def test_tap_counts_streams_whose_client_did_not_ask_for_usage(tap, upstream):
     before = value(tap.url, "specwatch_spec_steps_total", task="code")
-    before_up = spec_decode_counters(fetch_metrics(upstream.url))
+    before_up = fetch_metrics(upstream.url)
     chat(tap.url, article_rows("code")[6].prompt, "code", stream=True, usage=False)
     assert value(tap.url, "specwatch_spec_steps_total", task="code") - before == \
-        spec_decode_counters(fetch_metrics(upstream.url)).minus(before_up).drafts > 0
+        server_figures(before_up, fetch_metrics(upstream.url)).steps > 0
 
 
 def test_random_task_headers_cannot_grow_the_series(tap, upstream):

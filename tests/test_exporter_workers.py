@@ -33,7 +33,7 @@ from specwatch.exporter import main as exporter_main
 from specwatch.exporter.config import load
 from specwatch.exporter.eventlog import EventLog
 from specwatch.net import free_port
-from specwatch.vllm_metrics import spec_decode_counters
+from specwatch.snapshot import server_figures
 from specwatch.workloads import article_rows
 from tests.capture_checks import sse_events
 from tests.conftest import NGRAM_SIM_ARGS, Service
@@ -176,12 +176,12 @@ def per_worker_ok(run_dir: Path) -> dict[str, float]:
 
 def test_every_scrape_shows_the_exact_sums_over_the_workers(tap: Tap, upstream: Service) -> None:
     _, before = scrape(tap.url)
-    before_up = spec_decode_counters(fetch_metrics(upstream.url))
+    before_up = fetch_metrics(upstream.url)
     lines_before = len(tap.events.read_text().splitlines()) if tap.events.exists() else 0
     sent = send(tap.url, 300)
-    up = spec_decode_counters(fetch_metrics(upstream.url)).minus(before_up)
+    up = server_figures(before_up, fetch_metrics(upstream.url))
     assert sum(sent.ok.values()) == 300
-    assert up.drafts == sum(v for (_, k), v in sent.spec.items() if k == "R") > 0
+    assert up.steps == sum(v for (_, k), v in sent.spec.items() if k == "R") > 0
     assert up.accepted == sum(v for (_, k), v in sent.spec.items() if k == "C") > 0
 
     def delta(after: Samples, name: str, **labels: str) -> float:
@@ -199,7 +199,7 @@ def test_every_scrape_shows_the_exact_sums_over_the_workers(tap: Tap, upstream: 
             assert delta(after, "specwatch_prompt_tokens_total", task=task) == sent.tokens[task, "prompt"]
             assert delta(after, "specwatch_completion_tokens_total", task=task) == sent.tokens[task, "completion"]
         assert delta(after, "specwatch_requests_total") == 300  # no other outcome
-        for p, count in up.per_position.items():
+        for p, count in enumerate(up.per_position):
             assert delta(after, "specwatch_accepted_tokens_per_pos_total", position=str(p)) == count
         for accepted, steps in sent.hist.items():
             assert delta(after, "specwatch_spec_steps_by_accepted_total", accepted=str(accepted)) == steps
@@ -225,7 +225,7 @@ def test_every_scrape_shows_the_exact_sums_over_the_workers(tap: Tap, upstream: 
     assert len(new) == 300
     assert {e["request_id"]: e["task"] for e in new} == sent.ids
     assert all(e["outcome"] == "ok" for e in new)
-    assert sum(e["C"] for e in new) == up.accepted and sum(e["R"] for e in new) == up.drafts
+    assert sum(e["C"] for e in new) == up.accepted and sum(e["R"] for e in new) == up.steps
 
 
 def test_an_admin_change_on_any_worker_applies_to_all(tap: Tap) -> None:

@@ -11,8 +11,8 @@ from specwatch import cli
 from specwatch.acceptance import total
 from specwatch.chat_client import chat_body, fetch_metrics, run_chat
 from specwatch.reconcile import reconcile
+from specwatch.snapshot import server_figures
 from specwatch.vllm_cpu.capture import capture_server, exchanges
-from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import article_rows
 from tests.capture_checks import check_capture, exchange_shapes, sse_events, vllm_families
 from tests.test_exporter import value
@@ -32,21 +32,21 @@ def stream_usage_chunk(url: str, body: dict) -> dict:
 def test_summed_fields_equal_counter_differences_per_position_included(ngram_server):
     url = ngram_server.url
     code, chat = article_rows("code")[:3], article_rows("chat")[:3]
-    before = spec_decode_counters(fetch_metrics(url))
+    before = fetch_metrics(url)
     bodies = [r.body for r in run_chat(url, code + chat, max_tokens=64, concurrency=3)]
     bodies.append(stream_usage_chunk(url, chat_body(article_rows("code")[5], 32)))
-    after = spec_decode_counters(fetch_metrics(url))
+    after = fetch_metrics(url)
 
     fields = [b["metrics"]["speculative_decoding"] for b in bodies]
     assert all(len(f["acceptance_histogram"]) == 5 and f["num_spec_tokens"] == 4 for f in fields)
-    delta = after.minus(before)
+    delta = server_figures(before, after)
     # Independent sums straight from the JSON, compared with the counter differences.
-    assert delta.drafts == sum(f["num_spec_steps"] for f in fields)
+    assert delta.steps == sum(f["num_spec_steps"] for f in fields)
     assert delta.draft_tokens == sum(f["num_draft_tokens"] for f in fields)
     assert delta.accepted == sum(f["num_accepted_draft_tokens"] for f in fields)
     for p in range(4):
         assert delta.per_position[p] == sum(sum(f["acceptance_histogram"][p + 1:]) for f in fields)
-    assert delta.drafts > 0 and delta.accepted > 0, "copy-heavy code prompts must draft and accept"
+    assert delta.steps > 0 and delta.accepted > 0, "copy-heavy code prompts must draft and accept"
     per_pos = [delta.per_position[p] for p in range(4)]
     assert per_pos == sorted(per_pos, reverse=True), "position-wise acceptance never increases"
 
@@ -104,10 +104,10 @@ def test_simulator_is_indistinguishable_from_the_real_server_on_the_wire(real_ca
 def test_reconcile_flags_a_mismatch(ngram_server):
     """The reconciliation can fail: a request the fields do not see makes the counters disagree."""
     url = ngram_server.url
-    before = spec_decode_counters(fetch_metrics(url))
+    before = fetch_metrics(url)
     seen = run_chat(url, article_rows("code")[:1], max_tokens=32)
     run_chat(url, article_rows("code")[1:2], max_tokens=32)  # drafts, but left out of the sum
-    delta = spec_decode_counters(fetch_metrics(url)).minus(before)
+    delta = server_figures(before, fetch_metrics(url))
     checks = reconcile(total(r.body for r in seen), delta)
     assert any(not c.equal for c in checks)
 
@@ -115,7 +115,7 @@ def test_reconcile_flags_a_mismatch(ngram_server):
 def test_exporter_in_front_of_the_real_server_counts_exactly(ngram_server, service_factory):
     """Per task: the tap's counters equal the fields clients received; in total: the server's deltas."""
     tap = service_factory("exporter", ["--upstream", f"baseline={ngram_server.url}"])
-    before = spec_decode_counters(fetch_metrics(ngram_server.url))
+    before = fetch_metrics(ngram_server.url)
     received: dict[str, list[dict]] = {"code": [], "chat": []}
     for task in ("code", "chat"):
         for row in article_rows(task)[:2]:
@@ -131,8 +131,8 @@ def test_exporter_in_front_of_the_real_server_counts_exactly(ngram_server, servi
         stream = requests.post(tap.url + "/v1/chat/completions", timeout=300, headers={"X-Specwatch-Task": task},
                                json={**chat_body(article_rows(task)[2], 24), "stream": True})
         assert all(e == "[DONE]" or e["choices"] for e in sse_events(stream.content))
-    delta = spec_decode_counters(fetch_metrics(ngram_server.url)).minus(before)
-    assert value(tap.url, "specwatch_spec_steps_total") == delta.drafts
+    delta = server_figures(before, fetch_metrics(ngram_server.url))
+    assert value(tap.url, "specwatch_spec_steps_total") == delta.steps
     assert value(tap.url, "specwatch_draft_tokens_total") == delta.draft_tokens
     assert value(tap.url, "specwatch_accepted_tokens_total") == delta.accepted
     for p in range(4):

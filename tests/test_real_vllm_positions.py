@@ -21,8 +21,8 @@ from specwatch.config import Home
 from specwatch.models import build as models
 from specwatch.net import free_port
 from specwatch.reconcile import reconcile
+from specwatch.snapshot import server_figures
 from specwatch.vllm_cpu.server import VllmServer, serve_argv
-from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import article_rows
 
 pytestmark = pytest.mark.real_vllm
@@ -39,10 +39,10 @@ def _server(home: Home, model: Path, config: dict[str, object], log: Path) -> Vl
 def _measured(server: VllmServer, rows: int, max_tokens: int) -> tuple[dict[str, Acceptance], list[str]]:
     """Per task the summed fields of `rows` article prompts, and the reconciliation's failed checks (all requests'
     fields against the server's counter differences)."""
-    before = spec_decode_counters(fetch_metrics(server.url))
+    before = fetch_metrics(server.url)
     bodies = {task: [r.body for r in run_chat(server.url, article_rows(task, "en", rows), max_tokens=max_tokens,
                                               concurrency=2)] for task in ("code", "chat")}
-    delta = spec_decode_counters(fetch_metrics(server.url)).minus(before)
+    delta = server_figures(before, fetch_metrics(server.url))
     failed = [f"{c.name}: per-request {c.per_request} != server {c.server}"
               for c in reconcile(total(bodies["code"] + bodies["chat"]), delta) if not c.equal]
     return {task: total(b) for task, b in bodies.items()}, failed

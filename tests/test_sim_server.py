@@ -17,8 +17,8 @@ from specwatch.acceptance import total
 from specwatch.chat_client import fetch_metrics, run_chat
 from specwatch.reconcile import reconcile
 from specwatch.simulator.unsimulated import CHAT_ONLY, WHAT_IT_NEEDS
+from specwatch.snapshot import server_figures
 from specwatch.vllm_cpu.capture import capture_server, exchanges
-from specwatch.vllm_metrics import spec_decode_counters
 from specwatch.workloads import article_rows
 from tests.capture_checks import check_capture, exchange_shapes, sse_events, vllm_families
 from tests.conftest import NGRAM_SIM_ARGS, SimServer
@@ -111,12 +111,12 @@ def test_article_workloads_coverage_separates_code_from_chat(sim_ngram):
     before = fetch_metrics(sim_ngram.url)
     code = run_chat(sim_ngram.url, article_rows("code")[:8], max_tokens=256, concurrency=8)
     chat = run_chat(sim_ngram.url, article_rows("chat")[:8], max_tokens=256, concurrency=8)
-    delta = spec_decode_counters(fetch_metrics(sim_ngram.url)).minus(spec_decode_counters(before))
+    delta = server_figures(before, fetch_metrics(sim_ngram.url))
     code_acc, chat_acc = total(r.body for r in code), total(r.body for r in chat)
     assert code_acc.drafted_token_share is not None and chat_acc.drafted_token_share is not None
     assert code_acc.drafted_token_share > 1.5 * chat_acc.drafted_token_share
     assert [c for c in reconcile(total(r.body for r in code + chat), delta) if not c.equal] == []
-    per_pos = [delta.per_position[p] / delta.drafts for p in range(4)]
+    per_pos = [delta.per_position[p] / delta.steps for p in range(4)]
     assert per_pos == sorted(per_pos, reverse=True)
 
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from specwatch.vllm_metrics import CounterResetError, SpecDecodeCounters, spec_decode_counters
+from specwatch.snapshot import Figures, server_figures
+from specwatch.vllm_metrics import CounterResetError
 
 TWO_ENGINES = """\
 # HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
@@ -28,21 +29,24 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="spec-d
 
 
 def test_sums_across_engines_and_skips_created():
-    c = spec_decode_counters(TWO_ENGINES)
-    assert (c.drafts, c.draft_tokens, c.accepted) == (15.0, 60.0, 24.0)
-    assert c.per_position == {0: 11.0, 1: 8.0}
+    zero = TWO_ENGINES.replace(" 10.0", " 0.0").replace(" 5.0", " 0.0").replace(" 40.0", " 0.0").replace(
+        " 20.0", " 0.0").replace(" 21.0", " 0.0").replace(" 3.0", " 0.0").replace(" 9.0", " 0.0").replace(
+        " 2.0", " 0.0").replace(" 7.0", " 0.0").replace(" 1.0", " 0.0")
+    d = server_figures(zero, TWO_ENGINES)
+    assert (d.steps, d.draft_tokens, d.accepted) == (15.0, 60.0, 24.0)
+    assert d.per_position == (11.0, 8.0)
 
 
 def test_difference_and_reset_detection():
-    later = SpecDecodeCounters(20.0, 80.0, 30.0, {0: 14.0, 1: 9.0})
-    d = later.minus(spec_decode_counters(TWO_ENGINES))
-    assert (d.drafts, d.draft_tokens, d.accepted, d.per_position) == (5.0, 20.0, 6.0, {0: 3.0, 1: 1.0})
-    restarted = SpecDecodeCounters(2.0, 8.0, 1.0, {0: 1.0, 1: 0.0})
+    later = (TWO_ENGINES.replace('engine="0",model_name="spec-demo"} 10.0', 'engine="0",model_name="spec-demo"} 15.0')
+             .replace('model_name="spec-demo",position="0"} 9.0', 'model_name="spec-demo",position="0"} 12.0'))
+    d = server_figures(TWO_ENGINES, later)
+    assert (d.steps, d.draft_tokens, d.accepted, d.per_position) == (5.0, 0.0, 0.0, (3.0, 0.0))
     with pytest.raises(CounterResetError, match="restarted"):
-        restarted.minus(spec_decode_counters(TWO_ENGINES))
+        server_figures(later, TWO_ENGINES)
 
 
 def test_baseline_exposition_has_no_spec_counters():
-    c = spec_decode_counters('# TYPE vllm:num_requests_running gauge\n'
-                             'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n')
-    assert c == SpecDecodeCounters()
+    baseline = ('# TYPE vllm:num_requests_running gauge\n'
+                'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n')
+    assert server_figures(baseline, baseline) == Figures()

@@ -22,6 +22,7 @@ from specwatch.files import write_text
 from specwatch.load.results import read_results
 from specwatch.load.run import LoadConfig
 from specwatch.load.run import run as run_load
+from specwatch.reconcile import reconcile
 from specwatch.snapshot import Difference
 from specwatch.workloads import Row
 
@@ -102,23 +103,7 @@ def check_counters(difference: Difference, folder: VariantFolder, speculative: b
     if difference.server is not None:
         s = difference.server
         server = {"C": s.accepted, "D": s.draft_tokens, "R": s.steps, "per_position": list(s.per_position)}
-    checks: list[dict[str, Any]] = []
-    if speculative:
-        server_values = server or {"C": 0, "D": 0, "R": 0, "per_position": []}
-        for key in ("C", "D", "R"):
-            checks.append({"counter": key, "per_request_sum": per_request[key], "server_delta": server_values[key],
-                           "equal": per_request[key] == server_values[key]})
-        width = max(len(per_request["per_position"]), len(server_values["per_position"]))
-        for p in range(width):
-            mine = per_request["per_position"][p] if p < len(per_request["per_position"]) else 0
-            theirs = server_values["per_position"][p] if p < len(server_values["per_position"]) else 0
-            checks.append({"counter": f"per_position[{p}]", "per_request_sum": mine, "server_delta": theirs,
-                           "equal": mine == theirs})
-        checks.append({"counter": "requests without the field", "per_request_sum": per_request["missing_field"],
-                       "server_delta": 0, "equal": per_request["missing_field"] == 0})
-    else:  # a baseline: no request may carry the field, and the server drafted nothing
-        drafted = (server or {}).get("D", 0)
-        checks.append({"counter": "baseline D", "per_request_sum": per_request["D"], "server_delta": drafted,
-                       "equal": per_request["D"] == 0 and drafted == 0})
+    checks = [{"counter": c.name, "per_request_sum": c.per_request, "server_delta": c.server, "equal": c.equal}
+              for c in reconcile(summed, difference.server, speculative)]
     return {"ok": all(c["equal"] for c in checks), "checks": checks, "per_request": per_request, "server": server,
             "snapshot_seconds": round(difference.seconds, 3), "sources": sources}
