@@ -43,22 +43,20 @@ def merge(folder: VariantFolder, concurrency: int, rounds: Sequence[int]) -> dic
     codes: list[int] = []
     config: dict[str, Any] = {}
     for r in rounds:
-        block = folder.block(concurrency, r)
-        for row in read_results([block / "requests.jsonl"]):
+        for row in read_results([folder.block_requests(concurrency, r)]):
             row.round = r
             rows.append(row)
-        summary_path = block / "summary.json"
+        summary_path = folder.block_summary(concurrency, r)
         block_summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         code = block_summary.get("locust_exit_code")
         codes.append(code if isinstance(code, int) else -1)
         config = config or dict(block_summary.get("config") or {})
-    out = folder.perf(concurrency)
-    write_text(out / "requests.jsonl", "".join(r.line() for r in rows))
+    write_text(folder.requests_file(concurrency), "".join(r.line() for r in rows))
     summary = summarise(rows)
     summary["locust_exit_code"] = next((c for c in codes if c != 0), 0) if codes else -1
     summary["rounds"] = list(rounds)
     summary["config"] = {**config, "requests_per_task": sum(1 for r in rows if not r.warmup) // max(
         len(summary["tasks"]), 1), "rounds": list(rounds)}
-    write_json(out / "summary.json", summary)
+    write_json(folder.summary_file(concurrency), summary)
     return summary
 

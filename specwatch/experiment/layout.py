@@ -130,6 +130,12 @@ class VariantFolder:
         """One round's block of the performance pass, as Locust wrote it."""
         return self.perf(concurrency) / "rounds" / f"r{round_}"
 
+    def block_requests(self, concurrency: int, round_: int) -> Path:
+        return self.block(concurrency, round_) / "requests.jsonl"
+
+    def block_summary(self, concurrency: int, round_: int) -> Path:
+        return self.block(concurrency, round_) / "summary.json"
+
     def replaced_blocks(self, concurrency: int) -> list[Path]:
         """The `requests.jsonl` of each block the merged pass leaves out (a round measured again, `rounds/r<R>` kept
         on disk): requests the server did serve, which the reconciliation counts."""
@@ -163,6 +169,18 @@ class RunFolder:
     @property
     def inputs(self) -> Path:
         return self.root / "inputs"
+
+    def task_file(self, task: str) -> Path:
+        """The copy of a task's workload the passes read (`inputs/<task>.jsonl`)."""
+        return self.inputs / f"{task}.jsonl"
+
+    def task_files(self) -> dict[str, Path]:
+        """Every task's copy, by task name."""
+        return {p.stem: p for p in sorted(self.inputs.glob("*.jsonl"))}
+
+    def article_file(self, lang: str, article: str) -> Path:
+        """The article's workload written for a run (`inputs/article-<lang>/<code|chat>.jsonl`)."""
+        return self.inputs / f"article-{lang}" / f"{article}.jsonl"
 
     @property
     def prometheus(self) -> Path:

@@ -218,11 +218,11 @@ class Runner:
         inputs = self.run.inputs
         inputs.mkdir(exist_ok=True)
         articles = {t.article for t in self.plan.tasks if t.article}
-        if articles and not all((inputs / f"article-{self.plan.lang}" / f"{a}.jsonl").exists() for a in articles):
-            write_article_workloads(inputs / f"article-{self.plan.lang}", self.plan.lang)
+        if articles and not all(self.run.article_file(self.plan.lang, a).exists() for a in articles):
+            write_article_workloads(self.run.article_file(self.plan.lang, "code").parent, self.plan.lang)
         for task in self.plan.tasks:
-            target = inputs / f"{task.name}.jsonl"
-            source = task.path or inputs / f"article-{self.plan.lang}" / f"{task.article}.jsonl"
+            target = self.run.task_file(task.name)
+            source = task.path or self.run.article_file(self.plan.lang, str(task.article))
             if not target.exists():
                 shutil.copyfile(source, target)
             elif task.path is not None and sha256_file(source) != sha256_file(target):
@@ -230,7 +230,7 @@ class Runner:
             self.workloads[task.name] = target
             self.rows[task.name] = load_jsonl(target, task.name)
         self.inputs = {"plan.yaml": sha256_file(self.run.plan),
-                       **{f"inputs/{t}.jsonl": sha256_file(p) for t, p in self.workloads.items()}}
+                       **{str(p.relative_to(self.run.root)): sha256_file(p) for p in self.workloads.values()}}
 
     # -- variants ---------------------------------------------------------------------------------
 

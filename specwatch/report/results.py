@@ -170,9 +170,9 @@ def _prompts(run: RunFolder) -> dict[str, list[str]]:
     """Each task's prompts as the load sent them: read by the workload loader itself (`messages`: the last user
     message, as `specwatch.workloads.load_jsonl` takes it), not a reading of our own."""
     out: dict[str, list[str]] = {}
-    for path in sorted(run.inputs.glob("*.jsonl")):
+    for task, path in run.task_files().items():
         try:
-            out[path.stem] = [row.prompt for row in load_jsonl(path, default_task=path.stem)]
+            out[task] = [row.prompt for row in load_jsonl(path, default_task=task)]
         except WorkloadError as exc:
             raise ResultsError(f"{path}: the run's copy of the task file no longer loads: {exc}") from None
     return out
