@@ -112,8 +112,10 @@ class Alerts:
         "SpecDecodeTaskAcceptanceCollapsed", 0.1, "10m", "warning")
     metrics_missing: AlertSetting = AlertSetting("SpecDecodePerRequestMetricsMissing", 0.05, "10m", "warning")
     reconciliation_drift: AlertSetting = AlertSetting("SpecwatchReconciliationDrift", 0.05, "15m", "warning")
-    tpot_regression: AlertSetting = AlertSetting("SpecDecodeCandidateTPOTRegression", 1.1, "10m", "critical")
-    itl_regression: AlertSetting = AlertSetting("SpecDecodeCandidateITLRegression", 1.2, "10m", "warning")
+    # the canary alerts' levels are the canary policy's (1 + the metric's allowed increase), read where they are
+    # rendered: `specwatch.promconfig.alerts.from_policy`
+    tpot_regression: AlertSetting = AlertSetting("SpecDecodeCandidateTPOTRegression", None, "10m", "critical")
+    itl_regression: AlertSetting = AlertSetting("SpecDecodeCandidateITLRegression", None, "10m", "warning")
     preemptions: AlertSetting = AlertSetting("VLLMPreemptionsRising", 0, "10m", "warning")
     kv_cache_full: AlertSetting = AlertSetting("VLLMKVCacheNearFull", 0.9, "5m", "warning")
     target_down: AlertSetting = AlertSetting("SpecwatchTargetDown", None, "1m", "critical")

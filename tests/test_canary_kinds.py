@@ -73,13 +73,19 @@ def test_the_alerts_read_the_same_policy() -> None:
     """Thresholds as the policy's tolerances; the ITL alert as its comparison kinds say (promtool runs the default's
     cases in specwatch/data/prometheus/tests/alerts.test.yml: no ITL alert against a baseline that does not draft)."""
     from specwatch.monitoring import MONITORING
-    from specwatch.promconfig.alerts import alerting_rules, baseline_drafts
+    from specwatch.promconfig.alerts import alerting_rules, baseline_drafts, from_policy
 
     policy = policy_mod.load()
     alerts = MONITORING.alerts
-    assert alerts.tpot_regression.level == pytest.approx(1 + policy.metric("tpot").allowed_increase)
-    assert alerts.itl_regression.level == pytest.approx(1 + policy.metric("itl_p95").allowed_increase)
+    # read from the policy, not written beside it: a policy with other tolerances moves the alerts with it
+    assert from_policy(alerts.tpot_regression).level == pytest.approx(1 + policy.metric("tpot").allowed_increase)
+    assert from_policy(alerts.itl_regression).level == pytest.approx(1 + policy.metric("itl_p95").allowed_increase)
+    assert alerts.tpot_regression.threshold is None and alerts.itl_regression.threshold is None
     doc = yaml.safe_load(resources.CANARY_POLICY.read_text())
+    tighter = policy_mod.parse({**doc, "metrics": {**doc["metrics"], "tpot": {**doc["metrics"]["tpot"],
+                                                                               "allowed_increase": 0.03}}})
+    rules = {r.name: r for r in alerting_rules(tighter)}
+    assert "candidate_over_baseline_rate5m > 1.03\n" in rules[alerts.tpot_regression.name].expr
 
     def itl_alert(**change: object) -> str | None:
         rules = {r.name: r for r in alerting_rules(policy_mod.parse({**doc, **change}))}

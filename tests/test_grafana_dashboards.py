@@ -25,6 +25,7 @@ from specwatch.grafana import canary, dashboards
 from specwatch.grafana.board import DATASOURCE_UID
 from specwatch.grafana.key_queries import substitute
 from specwatch.monitoring import MONITORING
+from specwatch.promconfig.alerts import from_policy
 from specwatch.promconfig.cost_rules import StepCost, write_cost_rules
 from specwatch.promconfig.server import PrometheusServer, Targets
 from specwatch.workloads import write_article_workloads
@@ -167,8 +168,9 @@ def test_the_verdict_uses_the_thresholds_of_the_canary_alerts():
     alerts = yaml.safe_load((resources.RULES / "specwatch-alerts.yml").read_text())
     exprs = {r["alert"]: r["expr"] for g in alerts["groups"] for r in g["rules"]}
     settings = MONITORING.alerts
+    tpot, itl = from_policy(settings.tpot_regression), from_policy(settings.itl_regression)
     verdict = canary.verdict_expr()
-    for setting, metric in ((settings.tpot_regression, "tpot"), (settings.itl_regression, "itl")):
+    for setting, metric in ((tpot, "tpot"), (itl, "itl")):
         ratio = f"task_quantile:specwatch_{metric}_seconds:candidate_over_baseline_rate5m"
         assert f"{ratio} > {setting.threshold:g}\n" in exprs[setting.name]
         assert f"{ratio}{{task=~\"$task\"}}) > bool {setting.threshold:g})" in verdict
@@ -184,8 +186,8 @@ def test_the_verdict_uses_the_thresholds_of_the_canary_alerts():
     board = boards()["specwatch-canary.json"]
     steps = {p["title"]: [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]]
              for p in panels(board) if p["type"] == "timeseries"}
-    assert steps["TPOT p95 ratio"] == [None, settings.tpot_regression.threshold]
-    assert steps["ITL p99 ratio"] == [None, settings.itl_regression.threshold]
+    assert steps["TPOT p95 ratio"] == [None, tpot.threshold]
+    assert steps["ITL p99 ratio"] == [None, itl.threshold]
 
 
 def test_provisioning_points_at_the_dashboards_and_the_fixed_datasource():

@@ -28,12 +28,12 @@ from specwatch.grafana.panels import (
     timeseries,
 )
 from specwatch.monitoring import MONITORING, in_words
-from specwatch.promconfig.alerts import candidate_traffic
+from specwatch.promconfig.alerts import candidate_traffic, from_policy
 
 S, A = MONITORING, MONITORING.alerts
 UID = "specwatch-canary"
 WINDOW = S.slow.rate  # the window of the canary alerts
-TPOT, ITL = A.tpot_regression, A.itl_regression
+TPOT, ITL = from_policy(A.tpot_regression), from_policy(A.itl_regression)  # the levels of the canary alerts
 MIN_TRAFFIC = f"{A.min_candidate_requests_per_minute:g}"
 PAIR = f'variant=~"{S.baseline}|{S.candidate}",{T}'
 

@@ -10,7 +10,7 @@ independent check) has a case just before and just after each `for:`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specwatch.canary import policy as policy_mod
 from specwatch.monitoring import MONITORING, AlertSetting, percent
@@ -41,6 +41,18 @@ def _excess(setting: AlertSetting) -> str:
     return percent(round(setting.level - 1, 9))
 
 
+# the canary alerts and the policy metric each one's level comes from
+POLICY_METRICS = {A.tpot_regression.name: "tpot", A.itl_regression.name: "itl_p95"}
+
+
+def from_policy(setting: AlertSetting, policy: policy_mod.Policy | None = None) -> AlertSetting:
+    """A canary alert's setting with its level read from the canary policy (the default one unless given): the
+    candidate / baseline ratio above 1 + the metric's allowed increase, as `specwatch canary` judges it."""
+    policy = policy or policy_mod.load()
+    allowed = policy.metric(POLICY_METRICS[setting.name]).allowed_increase
+    return replace(setting, threshold=round(1 + allowed, 9))
+
+
 def candidate_traffic(matchers: str = "") -> str:
     """Requests per minute of the candidate per task, the canary alerts' (and verdict's) traffic guard."""
     extra = f",{matchers}" if matchers else ""
@@ -68,6 +80,7 @@ def _canary(setting: AlertSetting, metric: str, what: str, comment: str, only_if
 def _itl_regression(policy: policy_mod.Policy) -> list[AlertingRule]:
     """The ITL alert as the policy's comparison kinds say: none where ITL p95 is a caution in both kinds, only
     where the baseline drafts too where it is a caution against a baseline that does not speculate."""
+    itl = from_policy(A.itl_regression, policy)
     none = policy.is_caution("itl_p95", policy_mod.SPECULATION_VS_NONE)
     both = policy.is_caution("itl_p95", policy_mod.SPECULATION_VS_SPECULATION)
     fixed = None if policy.comparison == policy_mod.AUTO else policy.is_caution("itl_p95", policy.comparison)
@@ -76,8 +89,8 @@ def _itl_regression(policy: policy_mod.Policy) -> list[AlertingRule]:
     only_if = baseline_drafts() if none and fixed is None else ""
     when = (" when the baseline speculates too (against a baseline that does not, tokens arrive in bursts: the "
             "canary policy's\ncaution, not a regression)") if only_if else ""
-    excess = _excess(A.itl_regression)
-    return [_canary(A.itl_regression, S.exporter.itl, "ITL p99",
+    excess = _excess(itl)
+    return [_canary(itl, S.exporter.itl, "ITL p99",
                     f"Canary: the candidate's ITL p99 is more than {excess} above the baseline's for a task{when}.",
                     only_if)]
 
@@ -91,6 +104,7 @@ def alerting_rules(policy: policy_mod.Policy | None = None) -> list[AlertingRule
     """Every alert, in the order of the rule file and the runbook."""
     policy = policy or policy_mod.load()
     slow, w = S.slow.rate, S.slow.duration
+    tpot = from_policy(A.tpot_regression, policy)
     return [
         AlertingRule(
             A.acceptance_collapsed,
@@ -129,8 +143,8 @@ def alerting_rules(policy: policy_mod.Policy | None = None) -> list[AlertingRule
             "Exporter and vLLM disagree on {{ $labels.variant }}",
             "The exporter's verify steps differ from vLLM's drafts by {{ $value | humanizePercentage }} over "
             f"{w} on variant {{{{ $labels.variant }}}}."),
-        _canary(A.tpot_regression, S.exporter.tpot, "TPOT p95",
-                f"Canary: the candidate's client-side TPOT p95 is more than {_excess(A.tpot_regression)} above the "
+        _canary(tpot, S.exporter.tpot, "TPOT p95",
+                f"Canary: the candidate's client-side TPOT p95 is more than {_excess(tpot)} above the "
                 "baseline's for a task."),
         *_itl_regression(policy),
         AlertingRule(
