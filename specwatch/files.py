@@ -21,12 +21,17 @@ from typing import Any
 EXIT_STALE = 3
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path`, its folder created, through `.NAME.PID.tmp` and a rename."""
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path`, its folder created, through `.NAME.PID.tmp` and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a writer of its own: processes may race
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_bytes(data)
     tmp.replace(path)
+
+
+def write_text(path: Path, text: str) -> None:
+    """`write_bytes` of `text` in UTF-8."""
+    write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from specwatch.experiment.layout import VariantFolder
-from specwatch.files import write_json, write_text
 from specwatch.load.results import read_results, summarise
 
 
@@ -51,12 +50,11 @@ def merge(folder: VariantFolder, concurrency: int, rounds: Sequence[int]) -> dic
         code = block_summary.get("locust_exit_code")
         codes.append(code if isinstance(code, int) else -1)
         config = config or dict(block_summary.get("config") or {})
-    write_text(folder.requests_file(concurrency), "".join(r.line() for r in rows))
     summary = summarise(rows)
     summary["locust_exit_code"] = next((c for c in codes if c != 0), 0) if codes else -1
     summary["rounds"] = list(rounds)
     summary["config"] = {**config, "requests_per_task": sum(1 for r in rows if not r.warmup) // max(
         len(summary["tasks"]), 1), "rounds": list(rounds)}
-    write_json(folder.summary_file(concurrency), summary)
+    folder.write_merged_pass(concurrency, "".join(r.line() for r in rows), summary)
     return summary
 

@@ -1,7 +1,10 @@
 """Where an experiment's results go, written atomically as they are produced; a variant's status comes last.
 
-The one map of a run folder: every reader (the report, `specwatch tune`, the reconciliation) takes its paths from
-`RunFolder` and `VariantFolder`, and a performance pass's requests through `VariantFolder.requests`.
+The one map of a run folder, and the writer of its records: the runner schedules and hands each record to
+`RunFolder` / `VariantFolder` (`write_*`, whole files through `specwatch.files`); every reader (the report,
+`specwatch tune`, the reconciliation) takes its paths from them, and a performance pass's requests through
+`VariantFolder.requests`. Locust writes a block's own files (`block`) as it runs; the acceptance pass and the
+timeline write to the paths named here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specwatch.files import read_json_object
+from specwatch.files import read_json_object, write_bytes, write_json, write_text
 from specwatch.load.results import RequestResult, read_results
 
 DONE = "done"  # a finished variant (its checks may still have failed); resume skips it
@@ -149,6 +152,28 @@ class VariantFolder:
     def read_status(self) -> dict[str, Any] | None:
         return read_json_object(self.status)
 
+    # -- the variant's records, each written whole (`specwatch.files`), as the runner produces them
+    def write_help(self, text: str) -> None:
+        write_text(self.help_text, text)
+
+    def write_environment(self, record: dict[str, Any]) -> None:
+        write_json(self.environment, record)
+
+    def write_acceptance(self, task: str, lines: str) -> None:
+        write_text(self.acceptance(task), lines)
+
+    def write_merged_pass(self, concurrency: int, lines: str, summary: dict[str, Any]) -> None:
+        """The performance pass at one concurrency: its blocks' requests in one file, then their summary."""
+        write_text(self.requests_file(concurrency), lines)
+        write_json(self.summary_file(concurrency), summary)
+
+    def write_reconciliation(self, record: dict[str, Any]) -> None:
+        write_json(self.reconciliation, record)
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        """Last: the variant is finished only from here on (`finished`)."""
+        write_json(self.status, status)
+
     def finished(self) -> bool:
         status = self.read_status()
         return status is not None and status.get("state") == DONE
@@ -206,6 +231,25 @@ class RunFolder:
 
     def variant(self, name: str) -> VariantFolder:
         return VariantFolder(self.root / "variants" / name)
+
+    # -- the run's records, each written whole (`specwatch.files`)
+    def write_plan(self, text: str) -> None:
+        write_text(self.plan, text)
+
+    def read_record(self) -> dict[str, Any] | None:
+        return read_json_object(self.run)
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        write_json(self.run, record)
+
+    def write_sweep(self, record: dict[str, Any]) -> None:
+        write_json(self.sweep, record)
+
+    def copy_input(self, task: str, source: Path) -> Path:
+        """A task's workload copied into `inputs/` (what the passes read, and a resume checks); its path."""
+        target = self.task_file(task)
+        write_bytes(target, source.read_bytes())  # byte for byte: a resume compares the two files' sha256
+        return target
 
     def set_aside(self, name: str) -> Path | None:
         """Move an unfinished variant's partial results under `interrupted/` before it is redone."""

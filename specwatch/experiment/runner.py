@@ -20,7 +20,6 @@ design measures the disturbed block again at once). Every block records its sign
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 import traceback
@@ -47,7 +46,7 @@ from specwatch.experiment.blocks import bracket, rotation
 from specwatch.experiment.layout import DONE, FAILED, RunFolder, VariantFolder
 from specwatch.experiment.plan import DYNAMIC, StudyPlan, Variant, batch_size, sweep_variant_name
 from specwatch.experiment.timeline import PrometheusError, Span, Timeline
-from specwatch.files import read_json_object, sha256_file, write_json, write_text
+from specwatch.files import read_json_object, sha256_file
 from specwatch.load.results import RequestResult
 from specwatch.net import free_port
 from specwatch.stats import median
@@ -186,9 +185,9 @@ class Runner:
             raise RunConflict(f"{root} already exists: pass --resume to finish it, or another --run-id")
         root.mkdir(parents=True, exist_ok=True)
         if not self.run.plan.exists():
-            write_text(self.run.plan, self.plan.text)
+            self.run.write_plan(self.plan.text)
         self._inputs()
-        record = read_json_object(self.run.run) or {"run_id": self.options.run_id, "plan": self.plan.name,
+        record = self.run.read_record() or {"run_id": self.options.run_id, "plan": self.plan.name,
                                       "created": _now(), "specwatch": __version__, "attempts": []}
         if record.get("inputs_sha256", self.inputs) != self.inputs:
             raise RunConflict(f"--resume: the task files changed since the run started ({self.run.run}); "
@@ -197,7 +196,7 @@ class Runner:
         record.update({"inputs_sha256": self.inputs,
                        "variants": earlier + [v.name for v in self.plan.variants if v.name not in earlier]})
         record["attempts"].append({"started": _now(), "resume": self.options.resume})
-        write_json(self.run.run, record)
+        self.run.write_record(record)
         self._sweep_record()
 
     def _sweep_record(self) -> None:
@@ -205,7 +204,7 @@ class Runner:
         sweep, perf = self.plan.sweep, self.plan.performance
         if sweep is None or perf is None:
             return
-        write_json(self.run.sweep, {
+        self.run.write_sweep({
             "method": dict(sweep.method), "ks": list(sweep.ks), "concurrencies": list(perf.concurrencies),
             "tasks": [t.name for t in self.plan.tasks], "max_tpot_ms": sweep.max_tpot_ms,
             "requests_per_task": perf.requests, "max_tokens": perf.max_tokens, "proof": sweep.proof,
@@ -224,7 +223,7 @@ class Runner:
             target = self.run.task_file(task.name)
             source = task.path or self.run.article_file(self.plan.lang, str(task.article))
             if not target.exists():
-                shutil.copyfile(source, target)
+                self.run.copy_input(task.name, Path(source))
             elif task.path is not None and sha256_file(source) != sha256_file(target):
                 raise RunConflict(f"tasks.{task.name}: {source} changed since the run started; start a new run")
             self.workloads[task.name] = target
@@ -319,7 +318,7 @@ class Runner:
                     f", reconciliation {'equal' if s.status.get('ok') else 'MISMATCH'}" if s.status["state"] == DONE
                     else f": {s.status.get('error')}"))
             progress.update(bar, description="experiment done")
-        record = read_json_object(self.run.run) or {}
+        record = self.run.read_record() or {}
         record["attempts"][-1]["finished"] = _now()
         record.update(design=self.plan.design, rounds=self.plan.rounds)
         record["servers"] = {**record.get("servers", {}), **{  # what else the sides may differ in (the report names it)
@@ -330,7 +329,7 @@ class Runner:
                               "replaced": replaced_rounds(statuses)}
         record["statuses"] = {**record.get("statuses", {}),
                               **{n: {k: s.get(k) for k in ("state", "ok")} for n, s in statuses.items()}}
-        write_json(self.run.run, record)
+        self.run.write_record(record)
         return RunResult(self.run.root, statuses)
 
     # -- designs: which server is up when, and the order of the blocks ------------------------------
@@ -491,10 +490,10 @@ class Runner:
         step(f"{v.name}: recording the environment")
         help_text = self._help(v, backend).result()
         if help_text:
-            write_text(folder.help_text, help_text)
+            folder.write_help(help_text)
         before_env = snapshot.take(url)
         assert s.launch is not None
-        write_json(folder.environment, environment.environment(
+        folder.write_environment(environment.environment(
             url=url, command=backend.command_line(s.launch), args=s.launch.args, model=v.model,
             speculative_config=v.speculative_config, backend=backend.describe(), inputs=self.inputs,
             metrics_text=before_env.text, startup_seconds=s.status["startup_seconds"], has_help=bool(help_text),
@@ -582,7 +581,7 @@ class Runner:
         reconciliation = passes.check_counters(snapshot.combine(s.differences), folder,
                                                v.speculative_config is not None)
         reconciliation["lifetimes"] = len(s.differences)
-        write_json(folder.reconciliation, reconciliation)
+        folder.write_reconciliation(reconciliation)
         perf_ok = all(p["failures"] == 0 and p["locust_exit_code"] == 0 for p in perf.values())
         s.status.update(reconciled=reconciliation["ok"], performance=perf, ok=reconciliation["ok"] and perf_ok,
                         window=[s.window_start, time.time()])  # Unix seconds: healthy to the last snapshot
@@ -606,7 +605,7 @@ class Runner:
         s.status.update(state=state, seconds=round(time.monotonic() - s.started, 2))
         if state == DONE:
             s.status["finished"] = _now()
-        write_json(s.folder.status, s.status)  # last: the variant is finished only from here on
+        s.folder.write_status(s.status)  # last: the variant is finished only from here on
         return s
 
     def _backend(self, v: Variant) -> Backend:
