@@ -9,6 +9,7 @@ import json
 import random
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -389,6 +390,57 @@ def test_tricky_content_over_http_is_relayed_byte_identical_and_counted_exactly(
         assert by_thread >= token_chunks, (by_thread, token_chunks)  # of two requests' chunks, at least one's
     elif not fast:
         assert by_thread == 0
+
+
+def test_a_stream_whose_client_asked_for_usage_ends_in_the_relay_thread_byte_identical_and_counted_at_once(
+        service_factory: Callable[[str, list[str]], Service], tmp_path: Path) -> None:
+    """One process, no event log, the client's own include_usage: the relay thread writes the tail and the end
+    of the body, and the tap counts the stream after. The client gets the upstream's bytes exactly, on one
+    keep-alive connection; each answer is counted in full the moment the client has it (`/metrics` waits for
+    the count); e2e is the end's time, not the count's. With an event log every end is counted before it
+    leaves, in Python, as is a stream whose usage chunk the tap strips."""
+    body, pieces, final = tricky_stream()
+    usage = final["usage"]
+    request = {"model": "spec-demo", "messages": [{"role": "user", "content": "x"}], "stream": True,
+               "stream_options": {"include_usage": True}}
+    with replaying(body) as url:
+        tap = service_factory("exporter", ["--upstream", f"baseline={url}"])
+        logged = service_factory("exporter", ["--upstream", f"baseline={url}", "--event-log",
+                                              str(tmp_path / "events.jsonl")])
+        took = 0.0  # the client's time, request to answer, summed
+        with requests.Session() as client:
+            for n in (1, 2, 3):
+                started = time.perf_counter()
+                got = client.post(tap.url + "/v1/chat/completions", json=request, timeout=30)
+                took += time.perf_counter() - started
+                assert got.status_code == 200 and got.content == body
+                # read once, no wait: the count is there as soon as the client has its answer
+                metrics = requests.get(tap.url + "/metrics", timeout=10).text
+                assert sample(metrics, "specwatch_requests_total", outcome="ok") == n
+                assert sample(metrics, "specwatch_completion_tokens_total") == n * usage["completion_tokens"]
+                assert sample(metrics, "specwatch_itl_seconds_count") == n * (len(pieces) - 1)
+                assert sample(metrics, "specwatch_fast_relay_ends_total") == n
+                assert 0 < sample(metrics, "specwatch_e2e_seconds_sum") <= took
+        # the tap strips the usage chunk it asked for itself: that stream's end is the tap's, not the thread's
+        stripped = requests.post(tap.url + "/v1/chat/completions", timeout=30,
+                                 json={k: v for k, v in request.items() if k != "stream_options"})
+        assert stripped.status_code == 200 and b'"usage"' not in stripped.content
+        assert value(tap.url, "specwatch_fast_relay_ends_total") == 3
+        assert value(tap.url, "specwatch_requests_total", outcome="ok") == 4
+        got = requests.post(logged.url + "/v1/chat/completions", json=request, timeout=30)
+        assert got.content == body and value(logged.url, "specwatch_fast_relay_ends_total") == 0
+        assert value(logged.url, "specwatch_fast_relay_chunks_total") > 0  # handed over, ended in Python
+
+
+def sample(metrics: str, name: str, **labels: str) -> float:
+    """The sum of a family's samples in one exposition whose labels include `labels`."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, _, number = line.rpartition(" ")
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(number)
+    return total
 
 
 @contextlib.contextmanager

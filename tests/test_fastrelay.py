@@ -73,10 +73,10 @@ def done_fd() -> int:
     return int(relay.init())
 
 
-def start(pair: Pair, last_token: float, max_seconds: float = 10.0) -> int:
+def start(pair: Pair, last_token: float, max_seconds: float = 10.0, tail: bool = False) -> int:
     prefix, suffix = shape()
     ident = relay.start(pair.up_thread.fileno(), pair.client_thread.fileno(), prefix, suffix, BOUNDS, last_token,
-                        max_seconds)
+                        max_seconds, tail)
     assert isinstance(ident, int)
     return ident
 
@@ -112,11 +112,68 @@ def test_ordinary_chunks_are_relayed_reframed_and_counted_until_the_finish_chunk
     pair.up_test.sendall(rest)
     got = read_exactly(pair.client_test, sum(len(framed(event(t))) for t in texts))
     assert got == b"".join(framed(event(t)) for t in texts)  # the same chunks, framed for the client
-    ident, reason, _, unread, unsent, segments, counts, gap_sum, last_token, tokens = back(done_fd)
+    ident, reason, _, unread, unsent, segments, counts, gap_sum, last_token, tokens = back(done_fd)[:10]
     assert (ident, reason, unread, unsent, tokens) == (handed, fastrelay.UNUSUAL, rest, b"", 4)
     assert segments == [("".join(texts).encode(), True)]  # plain ASCII runs merge into one segment
     assert sum(counts) == 4 and counts[0] <= 1 and counts[2] >= 3  # ~20 ms gaps: the (0.01, 0.1] bucket
     assert 0.05 < gap_sum < 2 and before < last_token <= time.perf_counter()
+
+
+USAGE = b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],' \
+        b'"usage":{"prompt_tokens":5,"total_tokens":9,"completion_tokens":4}}\n\n'
+
+
+def test_a_stream_that_may_end_in_the_thread_gets_its_tail_and_end_written_and_handed_back_raw(
+        pair: Pair, done_fd: int) -> None:
+    """`tail`: the finish, usage and [DONE] chunks go out unchanged as they come, then the body's end; the tail's
+    raw bytes come back for the tap to count, with the time the end was written, and the end stays unsettled
+    until the tap says it has counted it."""
+    handed = start(pair, time.perf_counter(), tail=True)
+    texts = ["Hello", " world"]
+    head = b"".join(framed(event(t)) for t in texts)
+    finish = framed(event(finish="stop"))
+    pair.up_test.sendall(head)
+    time.sleep(0.02)
+    pair.up_test.sendall(finish)  # the finish chunk alone: it goes out at once, before the rest has come
+    assert read_exactly(pair.client_test, len(head) + len(finish)) == head + finish
+    before_end = time.perf_counter()
+    tail = framed(USAGE) + framed(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    pair.up_test.sendall(tail)
+    assert read_exactly(pair.client_test, len(tail)) == tail  # the client has it all, the end of the body too
+    ident, reason, _, unread, unsent, segments, _, _, _, tokens, sent, tail_at, ended_at = back(done_fd)
+    assert (ident, reason, unread, unsent, tokens) == (handed, fastrelay.ENDED, b"", b"", 2)
+    assert segments == [(b"Hello world", True)]
+    assert sent == finish + tail  # every tail byte as read, for the tap's parser (the upstream's end included)
+    assert before_end <= tail_at <= ended_at <= time.perf_counter()
+    assert relay.unsettled() == 1
+    relay.settled()
+    assert relay.unsettled() == 0
+
+
+@pytest.mark.parametrize("case", ["trailers", "content after the tail", "a long tail", "no tail allowed"])
+def test_a_tail_the_thread_does_not_end_goes_back_with_what_it_wrote_and_the_rest_unread(
+        pair: Pair, done_fd: int, case: str) -> None:
+    """Trailers on the body's end, an ordinary content chunk after the tail began (its text must follow the tail's
+    in the count), more than 16 tail chunks, or a stream not allowed to end here: back to the tap, the chunks
+    written so far in `sent`, the rest unread, nothing written twice and nothing lost."""
+    start(pair, time.perf_counter(), tail=case != "no tail allowed")
+    finish = framed(event(finish="stop"))
+    if case == "trailers":
+        written, rest = finish + framed(b"data: [DONE]\n\n"), b"0\r\nX-Trailer: 1\r\n\r\n"
+    elif case == "content after the tail":
+        written, rest = finish, framed(event("late")) + b"0\r\n\r\n"
+    elif case == "a long tail":
+        written, rest = finish * 16, finish + b"0\r\n\r\n"
+    else:
+        written, rest = b"", finish + b"0\r\n\r\n"
+    pair.up_test.sendall(written + rest)
+    result = back(done_fd)
+    assert (result[1], result[3], result[4], result[10], result[12]) == (fastrelay.UNUSUAL, rest, b"", written, 0.0)
+    assert read_exactly(pair.client_test, len(written)) == written if written else True
+    pair.client_test.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        pair.client_test.recv(1)  # nothing more: the rest is the tap's to relay
+    assert relay.unsettled() == 0
 
 
 def test_escaped_and_non_ascii_text_are_segments_of_their_own_and_a_partial_chunk_waits(

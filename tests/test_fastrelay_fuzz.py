@@ -10,7 +10,11 @@ while it writes. The reference is the Python reader (`sse._STRING_BODY`, `sse._d
 payload, CRLF). For every case: the chunks the thread took are the reference's (all of them, or a
 prefix where the client stopped it), re-framed byte for byte to the client (sent, or handed back
 unsent), their texts decode to the reference's, the token count and ITL counts match, and the
-unread bytes plus what is still in the socket are the rest of the stream.
+unread bytes plus what is still in the socket are the rest of the stream. Half the cases hand the stream
+over with `tail` (it may end in the thread): the reference then also takes, after the first chunk that is
+not an ordinary content chunk, up to 16 more whole chunks of any payload (stopping at an ordinary one) and
+the body's end without trailers; those chunks come back raw in `sent`, and the end's time is set exactly
+where the end was taken.
 
 `SPECWATCH_FUZZ_CASES` (default 100,000) and `SPECWATCH_FUZZ_SEED` (default: from the clock) set the
 run; a failure prints the seed and the case to replay.
@@ -56,6 +60,7 @@ class Case:
     raw: bytes
     pieces: list[int]  # split points
     mode: str  # "read", "slow" (the client does not read), "gone" (closed before), "gone_mid" (after a piece)
+    tail: bool  # handed over with `tail`: the stream may end in the thread
 
 
 def generate(rng: random.Random, prefix: bytes, suffix: bytes) -> Case:
@@ -81,11 +86,14 @@ def generate(rng: random.Random, prefix: bytes, suffix: bytes) -> Case:
         chunks.append(frame(rng, payload))
     if rng.random() < 0.5:
         chunks.append(framed(event(finish="stop")) + framed(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    elif rng.random() < 0.2:
+        chunks.append(framed(event(finish="stop")) + rng.choice([b"0\r\nX-Trailer: 1\r\n\r\n", b"0;x\r\n\r\n",
+                                                                 b"00\r\n\r\n", b"0\r\n\n"]))
     if rng.random() < 0.1:
         chunks.append(b"".join(frame(rng, content(prefix, suffix, b"y" * 4000)) for _ in range(60)))  # a flood
     raw = b"".join(chunks)
     cuts = sorted(rng.sample(range(1, len(raw)), min(len(raw) - 1, rng.randrange(0, 6)))) if len(raw) > 1 else []
-    return Case(raw, cuts, mode)
+    return Case(raw, cuts, mode, rng.random() < 0.5)
 
 
 def frame(rng: random.Random, payload: bytes) -> bytes:
@@ -113,11 +121,14 @@ class Reference:
     chunks: list[bytes]  # each taken chunk re-framed as the client gets it
     bodies: list[bytes]  # each taken chunk's text body, raw
     complete: bool  # the reference stopped at a whole chunk it does not take (else: bytes still to come)
+    tail: dict[int, bytes]  # the tail's chunks as read, by the index of their offset
+    ended: bool = False  # the last offset is the body's end, taken
 
 
-def reference(raw: bytes, prefix: bytes, suffix: bytes) -> Reference:
-    """The Python reader over strict framing: the chunks an ordinary content chunk's reader takes, in order."""
-    ref = Reference([], [], [], False)
+def reference(raw: bytes, prefix: bytes, suffix: bytes, tail: bool = False) -> Reference:
+    """The Python reader over strict framing: the chunks an ordinary content chunk's reader takes, in order;
+    with `tail`, then the tail's whole chunks and the body's end as the thread may take them."""
+    ref = Reference([], [], [], False, {})
     pos, hexdigits = 0, set(b"0123456789abcdefABCDEF")
     while True:
         eol = raw.find(b"\r", pos, pos + 18)
@@ -131,8 +142,19 @@ def reference(raw: bytes, prefix: bytes, suffix: bytes) -> Reference:
         if eol + 1 >= len(raw):
             return ref
         size = int(line, 16)
-        if raw[eol + 1] != ord("\n") or size == 0 or size > MAX_CHUNK:
+        if raw[eol + 1] != ord("\n") or size > MAX_CHUNK or (size == 0 and not (tail and ref.tail)):
             ref.complete = True
+            return ref
+        if size == 0:  # the body's end, after a tail: taken without trailers
+            if eol + 4 > len(raw):
+                return ref
+            if raw[eol + 2:eol + 4] != b"\r\n":
+                ref.complete = True
+                return ref
+            ref.tail[len(ref.offsets)] = raw[pos:eol + 4]
+            ref.offsets.append(eol + 4)
+            ref.chunks.append(b"0\r\n\r\n")
+            ref.ended = ref.complete = True
             return ref
         start, end = eol + 2, eol + 2 + size
         if end + 2 > len(raw):
@@ -140,15 +162,20 @@ def reference(raw: bytes, prefix: bytes, suffix: bytes) -> Reference:
         payload = raw[start:end]
         least = 6 + len(prefix) + len(suffix) + 2
         body = payload[6 + len(prefix):len(payload) - len(suffix) - 2]
-        if (raw[end:end + 2] != b"\r\n" or len(payload) < least or not payload.startswith(b"data: " + prefix)
-                or not payload.endswith(suffix + b"\n\n") or _STRING_BODY.fullmatch(body) is None
-                or _decoded(body) is None):  # as `PlainReader.text`: a body it cannot decode is not plain
+        ordinary = (len(payload) >= least and payload.startswith(b"data: " + prefix)
+                    and payload.endswith(suffix + b"\n\n") and _STRING_BODY.fullmatch(body) is not None
+                    and _decoded(body) is not None)  # as `PlainReader.text`: a body it cannot decode is not plain
+        if raw[end:end + 2] != b"\r\n" or (ordinary and ref.tail) or (
+                not ordinary and not (tail and len(ref.tail) < 16)):
             ref.complete = True
             return ref
+        if not ordinary:
+            ref.tail[len(ref.offsets)] = raw[pos:end + 2]
+        else:
+            ref.bodies.append(body)
         pos = end + 2
         ref.offsets.append(pos)
         ref.chunks.append(framed(payload))
-        ref.bodies.append(body)
 
 
 def drain(sock: socket.socket) -> bytes:
@@ -186,7 +213,7 @@ def run_case(case: Case, prefix: bytes, suffix: bytes, done_fd: int) -> tuple:
         if case.mode == "gone":
             client_test.close()
         ident = relay.start(up_thread.fileno(), client_thread.fileno(), prefix, suffix, BOUNDS,
-                            time.perf_counter(), 30.0)
+                            time.perf_counter(), 30.0, case.tail)
         got, last = b"", 0
         for i, cut in enumerate([*case.pieces, len(case.raw)]):
             up_test.sendall(case.raw[last:cut])
@@ -212,7 +239,7 @@ def run_case(case: Case, prefix: bytes, suffix: bytes, done_fd: int) -> tuple:
 
 
 def check(case: Case, ref: Reference, result: tuple, got: bytes, left: bytes, unwritten: bytes) -> None:
-    _, reason, _, unread, unsent, segments, counts, _, _, tokens = result
+    _, reason, _, unread, unsent, segments, counts, _, _, tokens = result[:10]
     rest = unread + left + unwritten
     offset = len(case.raw) - len(rest)
     assert case.raw[offset:] == rest, "unread, still in the socket and unwritten: the stream's end"
@@ -225,7 +252,10 @@ def check(case: Case, ref: Reference, result: tuple, got: bytes, left: bytes, un
         assert sent.endswith(unsent) and len(got) + len(unsent) <= len(sent)
     if case.mode == "read":
         assert k == len(ref.offsets), f"took {k} of the {len(ref.offsets)} chunks the Python reader takes"
-        assert reason == (fastrelay.UNUSUAL if ref.complete else fastrelay.EOF), reason
+        assert reason == (fastrelay.ENDED if ref.ended else fastrelay.UNUSUAL if ref.complete else fastrelay.EOF), \
+            reason
+    assert result[10] == b"".join(raw for i, raw in sorted(ref.tail.items()) if i < k), "the tail as read"
+    assert (result[12] > 0) == (ref.ended and k == len(ref.offsets)), "the end's time where the end was taken"
     text = [b if plain else _decoded(b) for b, plain in segments]
     expected = [_decoded(b) for b in ref.bodies[:k] if b]
     assert None not in text, "the thread took a body the tap cannot decode"
@@ -244,16 +274,20 @@ def test_the_compiled_relay_takes_exactly_what_the_python_reader_takes() -> None
     started = time.monotonic()
     for number in range(CASES):
         case = generate(rng, prefix, suffix)
-        ref = reference(case.raw, prefix, suffix)
+        ref = reference(case.raw, prefix, suffix, case.tail)
         try:
             result, got, left, unwritten = run_case(case, prefix, suffix, done_fd)
             check(case, ref, result, got, left, unwritten)
         except AssertionError as exc:
             raise AssertionError(f"fuzz case {number} of seed {seed} (SPECWATCH_FUZZ_SEED={seed}): {exc}\n"
                                  f"mode {case.mode}, pieces {case.pieces}, raw {case.raw[:2000]!r}") from exc
+        if result[12]:
+            relay.settled()  # as the tap does once it has counted the stream
         modes[case.mode] = modes.get(case.mode, 0) + 1
         reasons[result[1]] = reasons.get(result[1], 0) + 1
     print(f"fuzz: {CASES} cases, seed {seed}, {time.monotonic() - started:.1f} s; modes {modes}; reasons {reasons}; "
           f"relay {relay.__file__}")
+    assert relay.unsettled() == 0
     if CASES >= 1000:  # every way back was reached
-        assert {fastrelay.UNUSUAL, fastrelay.EOF, fastrelay.CLIENT, fastrelay.PARTIAL} <= set(reasons), reasons
+        assert {fastrelay.UNUSUAL, fastrelay.EOF, fastrelay.CLIENT, fastrelay.PARTIAL,
+                fastrelay.ENDED} <= set(reasons), reasons

@@ -10,6 +10,13 @@
  * and hands it back: the unread bytes, the unsent bytes and the counts, and signals an eventfd that the
  * Python side watches. It never closes a descriptor and never touches a Python object without the GIL.
  *
+ * A stream started with `tail` (the tap changes nothing in its last events: see fastrelay.py for when) may
+ * end here: from its first chunk that is not an ordinary content chunk on, the thread writes every whole
+ * chunk to the client unchanged (at most TAIL_CHUNKS of them) and keeps their raw bytes (`sent`) for the tap
+ * to read and count afterwards; at the body's end ("0\r\n\r\n", no trailers) it writes the end of the
+ * client's chunked body too, notes the time, and hands the stream back (R_ENDED). `ends_unsettled` counts
+ * such ends the tap has not counted yet: raised before the end is written, lowered by `settled()`.
+ *
  * Built against the limited API (abi3) of CPython 3.11, so one build serves 3.11 and later.
  */
 #define Py_LIMITED_API 0x030B0000
@@ -32,8 +39,10 @@
 #define MAX_CHUNK (256 * 1024)       /* a bigger HTTP chunk goes back to Python */
 #define READ_SIZE (64 * 1024)
 #define TABLE_SIZE 4096              /* buckets of the id table (chained): streams held at once, any number */
+#define TAIL_CHUNKS 16               /* chunks a stream's tail may take here before it goes back to Python */
 
-enum { ACTIVE = 0, R_UNUSUAL = 1, R_EOF = 2, R_CLIENT = 3, R_PARTIAL = 4, R_FLUSH = 5, R_CANCELLED = 6 };
+enum { ACTIVE = 0, R_UNUSUAL = 1, R_EOF = 2, R_CLIENT = 3, R_PARTIAL = 4, R_FLUSH = 5, R_CANCELLED = 6,
+       R_ENDED = 7 };
 
 typedef struct { char *p; size_t len, cap; } Buf;
 
@@ -52,9 +61,12 @@ typedef struct Stream {
     long long *counts;
     int nb;
     double gap_sum, last_ts, since, max_seconds;
+    double tail_at, ended_at; /* when the tail's last chunk was read; when the body's end was (0: not yet) */
     long long tokens;
     int state, err, busy;
+    int tail_ok, tail_chunks; /* the stream may end here; chunks of its tail written so far */
     Buf in, text, pending;   /* unread bytes; the text bodies; the chunks re-framed for the client, unsent */
+    Buf sent;                /* the tail's chunks as read (raw, framing included), written to the client */
     Seg *segs;
     size_t nsegs, capsegs;
     struct Stream *next;     /* the done queue */
@@ -71,6 +83,7 @@ static pthread_t thread;
 static Stream *done_head = NULL, *done_tail = NULL;
 static Stream *table[TABLE_SIZE];
 static long long next_id = 1;
+static long long ends_unsettled = 0;  /* atomic: ends written here (R_ENDED) the tap has not counted yet */
 
 /* Allocation-failure injection for the tests (`_fail_allocation`): the n-th allocation from now fails. */
 static long fail_countdown = 0;
@@ -123,7 +136,7 @@ static void buf_put(Buf *b, const char *p, size_t n) {
 
 static void stream_free(Stream *s) {
     free(s->prefix); free(s->suffix); free(s->bounds); free(s->counts);
-    free(s->in.p); free(s->text.p); free(s->pending.p); free(s->segs);
+    free(s->in.p); free(s->text.p); free(s->pending.p); free(s->sent.p); free(s->segs);
     free(s);
 }
 
@@ -230,10 +243,26 @@ static int send_pending(Stream *s) {
     return reason;
 }
 
-/* Take the whole chunks in s->in that are ordinary content events; write them to the client.
- * Returns ACTIVE to keep reading, or the reason to hand the stream back. A chunk is taken whole or not at
- * all: its room in every buffer is reserved before anything is counted, so an allocation failure leaves it
- * unread, for Python. */
+/* One whole chunk of a stream's tail (`tail_ok`): written to the client as it came and kept raw in s->sent.
+ * Returns ACTIVE, or R_UNUSUAL where it is not taken (no room, or the tail is longer than TAIL_CHUNKS). */
+static int take_tail(Stream *s, const char *raw, size_t need, const char *payload, size_t size, double now) {
+    if (s->tail_chunks >= TAIL_CHUNKS) return R_UNUSUAL;
+    char head[24];
+    int hl = snprintf(head, sizeof head, "%zx\r\n", size);
+    if (buf_reserve(&s->pending, (size_t)hl + size + 2) < 0 || buf_reserve(&s->sent, need) < 0) return R_UNUSUAL;
+    buf_put(&s->pending, head, (size_t)hl);
+    buf_put(&s->pending, payload, size);
+    buf_put(&s->pending, "\r\n", 2);
+    buf_put(&s->sent, raw, need);
+    s->tail_chunks += 1;
+    s->tail_at = now;
+    return ACTIVE;
+}
+
+/* Take the whole chunks in s->in that are ordinary content events (and, for a stream that may end here, its
+ * tail and the body's end); write them to the client. Returns ACTIVE to keep reading, or the reason to hand the
+ * stream back. A chunk is taken whole or not at all: its room in every buffer is reserved before anything is
+ * counted, so an allocation failure leaves it unread, for Python. */
 static int take(Stream *s, double now) {
     const char *b = s->in.p;
     size_t n = s->in.len, pos = 0;
@@ -254,21 +283,41 @@ static int take(Stream *s, double now) {
             if (v < 0) { bad = 1; break; }
             size = size * 16 + (size_t)v;
         }
-        if (bad || size == 0 || size > MAX_CHUNK) { reason = R_UNUSUAL; break; }
+        if (bad || size > MAX_CHUNK) { reason = R_UNUSUAL; break; }
+        if (size == 0) {                                 /* the body's end: here only for a stream's tail */
+            if (!s->tail_ok || !s->tail_chunks) { reason = R_UNUSUAL; break; }
+            if (left < eol + 4) break;                   /* its empty line is not here yet */
+            if (line[eol + 2] != '\r' || line[eol + 3] != '\n') { reason = R_UNUSUAL; break; }  /* trailers */
+            if (buf_reserve(&s->pending, 5) < 0 || buf_reserve(&s->sent, eol + 4) < 0) { reason = R_UNUSUAL; break; }
+            buf_put(&s->pending, "0\r\n\r\n", 5);
+            buf_put(&s->sent, line, eol + 4);
+            __atomic_add_fetch(&ends_unsettled, 1, __ATOMIC_SEQ_CST);  /* before the end leaves (send below) */
+            s->ended_at = now;
+            pos += eol + 4;
+            reason = R_ENDED;
+            break;
+        }
         size_t need = eol + 2 + size + 2;
         if (left < need) break;                          /* the chunk is not complete yet */
         const char *payload = line + eol + 2;
         if (payload[size] != '\r' || payload[size + 1] != '\n') { reason = R_UNUSUAL; break; }
         size_t fixed = 6 + s->lp + s->ls + 2;
-        if (size < fixed || memcmp(payload, "data: ", 6) != 0 || memcmp(payload + 6, s->prefix, s->lp) != 0 ||
-            memcmp(payload + size - 2 - s->ls, s->suffix, s->ls) != 0 || payload[size - 2] != '\n' ||
-            payload[size - 1] != '\n') {
-            reason = R_UNUSUAL; break;
+        int cls = 0;
+        if (size >= fixed && memcmp(payload, "data: ", 6) == 0 && memcmp(payload + 6, s->prefix, s->lp) == 0 &&
+            memcmp(payload + size - 2 - s->ls, s->suffix, s->ls) == 0 && payload[size - 2] == '\n' &&
+            payload[size - 1] == '\n')
+            cls = body_class((const unsigned char *)payload + 6 + s->lp, size - fixed);
+        if (cls == 0 || s->tail_chunks) {
+            /* not an ordinary content chunk, or one after the tail began (its text must follow the tail's in the
+             * tap's count): the tail goes on here where the stream may end here, else the stream goes back */
+            if (!s->tail_ok || (cls != 0 && s->tail_chunks)) { reason = R_UNUSUAL; break; }
+            reason = take_tail(s, line, need, payload, size, now);
+            if (reason != ACTIVE) break;
+            pos += need;
+            continue;
         }
         const char *body = payload + 6 + s->lp;
         size_t blen = size - fixed;
-        int cls = body_class((const unsigned char *)body, blen);
-        if (cls == 0) { reason = R_UNUSUAL; break; }
         char head[24];
         int hl = snprintf(head, sizeof head, "%zx\r\n", size);
         if (buf_reserve(&s->pending, (size_t)hl + size + 2) < 0 || (blen && reserve_seg(s, blen) < 0)) {
@@ -357,6 +406,7 @@ static PyObject *py_init(PyObject *self, PyObject *args) {
         close_relay_fds();
         done_head = done_tail = NULL;  /* the parent's streams, not ours (leaked, not freed) */
         memset(table, 0, sizeof table);
+        ends_unsettled = 0;
         pthread_mutex_init(&lock, NULL);
         pthread_cond_init(&idle, NULL);
     }
@@ -386,14 +436,15 @@ static char *copy_bytes(PyObject *b, size_t *len) {
     return q;
 }
 
-/* start(up_fd, client_fd, prefix, suffix, bounds: tuple[float], last_ts, max_seconds) -> the stream's id */
+/* start(up_fd, client_fd, prefix, suffix, bounds: tuple[float], last_ts, max_seconds, tail) -> the stream's id;
+ * `tail` (0 or 1): the stream may end here (its tail and the body's end written by the thread) */
 static PyObject *py_start(PyObject *self, PyObject *args) {
     (void)self;
-    int up_fd, client_fd;
+    int up_fd, client_fd, tail_ok = 0;
     PyObject *prefix, *suffix, *bounds;
     double last_ts, max_seconds;
-    if (!PyArg_ParseTuple(args, "iiSSO!dd", &up_fd, &client_fd, &prefix, &suffix, &PyTuple_Type, &bounds,
-                          &last_ts, &max_seconds))
+    if (!PyArg_ParseTuple(args, "iiSSO!dd|p", &up_fd, &client_fd, &prefix, &suffix, &PyTuple_Type, &bounds,
+                          &last_ts, &max_seconds, &tail_ok))
         return NULL;
     if (epfd < 0 || owner != getpid()) {
         PyErr_SetString(PyExc_RuntimeError, "fastrelay: init() first");
@@ -406,6 +457,7 @@ static PyObject *py_start(PyObject *self, PyObject *args) {
     s->up_fd = up_fd; s->client_fd = client_fd;
     s->last_ts = last_ts; s->since = now_s(); s->max_seconds = max_seconds;
     s->nb = (int)nb;
+    s->tail_ok = tail_ok;
     s->prefix = copy_bytes(prefix, &s->lp);
     s->suffix = copy_bytes(suffix, &s->ls);
     s->bounds = xmalloc((size_t)nb * sizeof(double));
@@ -481,13 +533,15 @@ static PyObject *result(Stream *s) {
         if (!v) { Py_DECREF(segs); Py_DECREF(counts); return NULL; }
         PyTuple_SetItem(counts, i, v);
     }
-    return Py_BuildValue("(LiIy#y#NNddL)", s->id, s->state, (unsigned int)s->err,
+    return Py_BuildValue("(LiIy#y#NNddLy#dd)", s->id, s->state, (unsigned int)s->err,
                          s->in.p ? s->in.p : "", (Py_ssize_t)s->in.len,
                          s->pending.p ? s->pending.p : "", (Py_ssize_t)s->pending.len,
-                         segs, counts, s->gap_sum, s->last_ts, s->tokens);
+                         segs, counts, s->gap_sum, s->last_ts, s->tokens,
+                         s->sent.p ? s->sent.p : "", (Py_ssize_t)s->sent.len, s->tail_at, s->ended_at);
 }
 
-/* done() -> list of (id, reason, errno, unread, unsent, segments, counts, gap_sum, last_ts, tokens). A result
+/* done() -> list of (id, reason, errno, unread, unsent, segments, counts, gap_sum, last_ts, tokens, sent, tail_at,
+ * ended_at). A result
  * that cannot be built (no memory) stays queued with the ones after it, and the eventfd is signalled again:
  * the stream comes back with its bytes once there is memory. */
 static PyObject *py_done(PyObject *self, PyObject *args) {
@@ -522,6 +576,19 @@ static PyObject *py_done(PyObject *self, PyObject *args) {
     return list;
 }
 
+/* settled() -> None: the tap has counted a stream whose end the thread wrote (a result with ended_at > 0). */
+static PyObject *py_settled(PyObject *self, PyObject *args) {
+    (void)self; (void)args;
+    __atomic_sub_fetch(&ends_unsettled, 1, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+/* unsettled() -> the ends written here that the tap has not counted yet (0 once every one is). */
+static PyObject *py_unsettled(PyObject *self, PyObject *args) {
+    (void)self; (void)args;
+    return PyLong_FromLongLong(__atomic_load_n(&ends_unsettled, __ATOMIC_SEQ_CST));
+}
+
 /* _fail_allocation(n): the n-th allocation from now fails (0: none). For the tests of every failure path. */
 static PyObject *py_fail_allocation(PyObject *self, PyObject *arg) {
     (void)self;
@@ -536,6 +603,8 @@ static PyMethodDef methods[] = {
     {"start", py_start, METH_VARARGS, "Hand a stream to the relay thread; returns its id."},
     {"cancel", py_cancel, METH_O, "Take a stream back by id before the thread hands it back: its result, or None."},
     {"done", py_done, METH_NOARGS, "The streams handed back since the last call."},
+    {"settled", py_settled, METH_NOARGS, "The tap has counted a stream whose end the thread wrote."},
+    {"unsettled", py_unsettled, METH_NOARGS, "Ends written by the thread that the tap has not counted yet."},
     {"_fail_allocation", py_fail_allocation, METH_O, "Tests: the n-th allocation from now fails (0: none)."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,9 +1,10 @@
 """Every reach into aiohttp's and prometheus_client's private attributes, in one place, checked at import.
 
-The tap's hot path does three things the libraries have no public API for: it adds an ITL histogram's
+The tap's hot path does four things the libraries have no public API for: it adds an ITL histogram's
 counts per bucket in one go (`Histogram` child's `_upper_bounds`, `_buckets`, `_sum`), it sends a
 streamed response's held headers together with its first body bytes (aiohttp's `StreamWriter`
-`_headers_buf`, `_send_headers_with_payload`, `StreamResponse._send_headers_immediately`), and each
+`_headers_buf`, `_send_headers_with_payload`, `StreamResponse._send_headers_immediately`), it marks a
+response ended whose end the relay thread wrote (`ended_elsewhere`: what `write_eof` sets), and each
 `--workers` process switches prometheus_client to multiprocess values (`values.ValueClass`). These
 were written for the series in `WRITTEN_FOR` (pinned in pyproject.toml). Importing this module checks
 both the versions and that every attribute is there, so a dependency bump stops the exporter at start
@@ -52,6 +53,9 @@ def _check_layout() -> None:
                if not hasattr(child, name)]
     missing += [f"aiohttp StreamWriter.{name}" for name in ("_send_headers_with_payload", "send_headers")
                 if not hasattr(StreamWriter, name)]
+    missing += [f"aiohttp StreamResponse.{name}" for name in ("_eof_sent", "_payload_writer", "_req", "_body_length")
+                if not hasattr(web.StreamResponse, name)]
+    missing += [f"aiohttp StreamWriter.{name}" for name in ("_eof", "output_size") if not hasattr(StreamWriter, name)]
     if "_send_headers_immediately" not in vars(web.StreamResponse):
         missing.append("aiohttp StreamResponse._send_headers_immediately")
     if not hasattr(values, "ValueClass") or not hasattr(values, "MultiProcessValue"):
@@ -113,3 +117,16 @@ def send_with_held_headers(writer: Any, data: bytes) -> bool:
         writer._send_headers_with_payload(data, False)
         return True
     return False
+
+
+def ended_elsewhere(response: web.StreamResponse) -> None:
+    """The response's body and its end were written past aiohttp (the relay thread wrote the end of the chunked
+    body): mark it ended as `write_eof` would, without writing anything, so that aiohttp neither writes an end
+    again nor treats the connection as cut; the connection stays keep-alive."""
+    writer = response._payload_writer
+    if isinstance(writer, StreamWriter):
+        writer._eof = True
+    response._eof_sent = True
+    response._req = None
+    response._body_length = writer.output_size if writer is not None else 0
+    response._payload_writer = None

@@ -42,6 +42,7 @@ class ExporterFamilies:
     canary_score: str = "specwatch_canary_score"
     fast_relay_chunks: str = "specwatch_fast_relay_chunks_total"
     fast_relay_handovers: str = "specwatch_fast_relay_handovers_total"
+    fast_relay_ends: str = "specwatch_fast_relay_ends_total"
     relay: str = "specwatch_relay"
 
     def latencies(self) -> tuple[str, ...]:

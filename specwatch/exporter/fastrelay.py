@@ -8,6 +8,12 @@ ITL bucket, the last token's time). At the first chunk that is not ordinary (fin
 the end of the body), at a short write, an error, or after `max_seconds`, it hands the stream back:
 the tap applies the counts, resumes reading and feeds it the unread bytes. Where the extension is not
 built, `AVAILABLE` is False and the tap relays every chunk itself, with the same result.
+
+A stream handed over with `tail=True` may end in the thread: its last chunks (finish, usage, `[DONE]`) go
+to the client unchanged as they arrive and the thread writes the end of the chunked body, then hands the
+stream back with those chunks' raw bytes (`sent`) for the tap to read and count, and the time of the end
+(`ended_at`). Until the tap calls `settled()` for it, `unsettled()` counts it: `/metrics` waits for none
+to be left, so a client that has its answer still finds it counted there.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ except ImportError:  # not built (no compiler where the package was installed): 
 
 AVAILABLE = _fastrelay is not None
 
-# the reasons a stream comes back (`_fastrelay.c`)
-UNUSUAL, EOF, CLIENT, PARTIAL, FLUSH, CANCELLED = 1, 2, 3, 4, 5, 6
+# the reasons a stream comes back (`_fastrelay.c`); ENDED: the thread wrote the body's end
+UNUSUAL, EOF, CLIENT, PARTIAL, FLUSH, CANCELLED, ENDED = 1, 2, 3, 4, 5, 6, 7
 
-# (id, reason, errno, unread bytes, unsent bytes, [(text, plain)], ITL bucket counts, gap sum, last token, tokens)
-Result = tuple[int, int, int, bytes, bytes, list[tuple[bytes, bool]], tuple[int, ...], float, float, int]
+# (id, reason, errno, unread bytes, unsent bytes, [(text, plain)], ITL bucket counts, gap sum, last token, tokens,
+#  the tail's raw chunks written to the client, when the last of them was read, when the body's end was (0: not))
+Result = tuple[int, int, int, bytes, bytes, list[tuple[bytes, bool]], tuple[int, ...], float, float, int,
+               bytes, float, float]
 
 
 class FastRelay:
@@ -51,10 +59,11 @@ class FastRelay:
         return ident in self._waiting
 
     def start(self, up_fd: int, client_fd: int, prefix: bytes, suffix: bytes, bounds: tuple[float, ...],
-              last_token: float, on_back: Callable[[Result], None]) -> int:
+              last_token: float, on_back: Callable[[Result], None], tail: bool = False) -> int:
         """The thread reads `up_fd` and writes `client_fd` from now on; `on_back` runs in the loop when it hands
-        the stream back. Returns the stream's id."""
-        ident: int = _fastrelay.start(up_fd, client_fd, prefix, suffix, bounds, last_token, self.max_seconds)
+        the stream back. With `tail`, the stream may end in the thread (see above). Returns the stream's id."""
+        ident: int = _fastrelay.start(up_fd, client_fd, prefix, suffix, bounds, last_token, self.max_seconds,
+                                      tail)
         self._waiting[ident] = on_back
         return ident
 
@@ -70,6 +79,17 @@ class FastRelay:
             return
         on_back = self._waiting.pop(ident)
         on_back(result)
+
+    @staticmethod
+    def settled() -> None:
+        """The tap has counted a stream the thread ended (a result with `ended_at`): once per such stream."""
+        _fastrelay.settled()
+
+    @staticmethod
+    def unsettled() -> int:
+        """Streams the thread ended whose counts the tap has not made yet."""
+        n: int = _fastrelay.unsettled()
+        return n
 
     def _drain(self) -> None:
         stray = []

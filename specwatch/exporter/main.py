@@ -100,6 +100,7 @@ class Exporter:
         return app
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
+        await self.tap.settled()  # a stream whose end the relay thread wrote is counted here already
         resp = web.Response(body=generate_latest(self.exposition), headers=self._headers)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp

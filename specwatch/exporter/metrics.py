@@ -153,6 +153,9 @@ class ExporterMetrics:
         self.fast_relay_handovers = Counter(declared(F.fast_relay_handovers),
                                             "Streams handed to the compiled relay thread (one stream may be handed "
                                             "over again after a chunk it does not take).", registry=registry)
+        self.fast_relay_ends = Counter(declared(F.fast_relay_ends),
+                                       "Streams whose last events and end of body the relay thread wrote, counted "
+                                       "by the tap just after (one process, no event log).", registry=registry)
         self.relay = Gauge(F.relay, "1 for the relay that carries ordinary content chunks: compiled (the "
                            "relay thread) or python.", ["relay"], registry=registry, multiprocess_mode="max")
         self._positions: dict[tuple[str, str, int], PositionChildren] = {}

@@ -83,7 +83,8 @@ class SseRelay:
         self.forced = False  # usage on content chunks: the server forces usage, the client gets it anyway
         self.last: list[bytes] = []
 
-    def feed(self, chunk: bytes) -> bytes:
+    def feed(self, chunk: bytes, at: float = 0.0) -> bytes:
+        """`at`: when these bytes were read, where not now (a tail the relay thread wrote already)."""
         # The usual read: one whole single-line event. Where the splitter holds nothing, it would cut this
         # very event with this very payload (see `sse._data`), so it is read here without it: an ordinary
         # content chunk by the reader alone, any other event in full (the reader asked once). Anything else
@@ -94,15 +95,15 @@ class SseRelay:
             text = self.plain.text(data)
             if text is not None:
                 if text:
-                    self.record.saw_tokens(text, time.perf_counter(), self.metrics)
+                    self.record.saw_tokens(text, at or time.perf_counter(), self.metrics)
                 return chunk
             out: list[bytes] = []
-            self._parsed(Event(chunk, data), time.perf_counter(), out)
+            self._parsed(Event(chunk, data), at or time.perf_counter(), out)
             return self._released(out)
         events = self.splitter.feed(chunk)
         if not events:
             return b""
-        now = time.perf_counter()  # one clock per read: its events arrived together
+        now = at or time.perf_counter()  # one clock per read: its events arrived together
         out = []
         for event in events:
             self._handle(event, now, out)
@@ -186,7 +187,7 @@ class BodyRelay:
         self.body = bytearray()
         self.last = b""
 
-    def feed(self, chunk: bytes) -> bytes:
+    def feed(self, chunk: bytes, at: float = 0.0) -> bytes:
         out, self.last = self.last, chunk
         if len(self.body) < MAX_BUFFERED_BODY:
             self.body += chunk

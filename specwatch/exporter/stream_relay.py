@@ -6,7 +6,12 @@ client's transport at once (`deliver`); the coroutine `run` only waits: for the 
 then read on) or a gone one. Between ordinary content chunks of an SSE answer the stream may go to the
 compiled relay thread (`hand_over`); while `lease` is set the thread owns both sockets (the connection
 and the client's transport are paused and nothing here reads or writes them), and the thread's result
-(`taken_back`) makes them the loop's again (`resume`). Once the upstream's answer is complete,
+(`taken_back`) makes them the loop's again (`resume`). A stream handed over with `tail` (the client asked
+for usage itself, so the tap changes nothing in its last events; and nothing the tap writes outlives the
+process: `Tap.tail_ends`) may end in the thread: the thread writes the tail and the end of the chunked
+body, and hands back the tail's raw bytes (`sent`), which are read and counted here at the stream's turn
+without being written again (`quiet`); the response is then marked ended (`compat.ended_elsewhere`) and
+`FastRelay.settled()` called once it is counted. Once the upstream's answer is complete,
 `release()` hands the connection back to the pool at once, before the accounting and the last bytes
 (and before their turn, where one is still to come): nothing here touches it after that.
 """
@@ -51,7 +56,7 @@ class StreamRelay:
 
     def __init__(self, conn: Connection, head: Head, plan: UpstreamRequest, record: RequestRecord,
                  metrics: ExporterMetrics, fast: FastRelay | None, turns: Turns,
-                 finish: Callable[[RequestRecord], None]) -> None:
+                 finish: Callable[[RequestRecord], None], tail: bool = False) -> None:
         self.conn, self.head, self.record, self.metrics, self.turns, self.finish = (
             conn, head, record, metrics, turns, finish)
         sse = head.headers.get("Content-Type", "").startswith("text/event-stream")
@@ -68,6 +73,12 @@ class StreamRelay:
         self.fast = fast if isinstance(self.relay, SseRelay) else None  # chunked only: set in `run`
         self.lease: int | None = None  # the relay thread's id for the stream while it owns both sockets
         self.fruitless = 0
+        self.tail = tail and not plan.strip_usage  # the thread may write this stream's tail and end
+        self.sent: tuple[bytes, float] | None = None  # the tail the thread wrote, and when it was read
+        self.quiet = False  # reading what the thread wrote already: nothing is written again
+        self.at = 0.0  # the read time of the bytes being fed where it is not now (the thread's tail)
+        self.end_written = False  # the thread wrote the end of the client's body
+        self.unsettled = False  # ... and `FastRelay.settled()` is still owed for it
 
     # -- waking ---------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -87,8 +98,8 @@ class StreamRelay:
         """The connection's `data_received`: read, write to the client, and hand over where it pays."""
         if self.gone:
             return
-        out = self.relay.feed(chunk)
-        if out:
+        out = self.relay.feed(chunk, self.at)
+        if out and not self.quiet:
             self.deliver(out)
             if self.fast is not None and self.lease is None:
                 self.hand_over()
@@ -136,7 +147,7 @@ class StreamRelay:
         transport.pause_reading()  # ... and writes the client; the loop does neither until `taken_back`
         try:
             self.lease = fast.start(up_fd, client_fd, prefix, relay.plain.suffix, tuple(gaps.bounds),
-                                    record.last_token, self.taken_back)
+                                    record.last_token, self.taken_back, self.tail)
         except (OSError, RuntimeError, MemoryError, ValueError):
             log.exception("fast relay: hand-over refused; relaying this stream in Python")
             self.fast = None
@@ -161,8 +172,10 @@ class StreamRelay:
         self.wake()
 
     def resume(self, result: fastrelay.Result) -> None:
-        _, reason, _, unread, unsent, segments, counts, gap_sum, last_token, tokens = result
+        _, reason, _, unread, unsent, segments, counts, gap_sum, last_token, tokens, sent, tail_at, ended_at = result
         record, conn, transport = self.record, self.conn, self.transport
+        if ended_at:  # the thread wrote the body's end (to a client gone meanwhile too): settled once counted
+            self.unsettled = True
         if reason == fastrelay.UNUSUAL and tokens < 2:
             self.fruitless += 1
         for text, plain in segments:  # the thread checked each body as the pattern's text group
@@ -190,18 +203,44 @@ class StreamRelay:
             return
         if unsent and not transport.is_closing():
             transport.write(unsent)
+            unsent = b""
+        if ended_at and reason != fastrelay.CLIENT and not unsent:  # the client has it all, the end included:
+            self.end_written = True                                   # read and count it at its turn, whatever
+            record.end = ended_at                                     # the client does next
+            self.metrics.fast_relay_ends.inc()
+            self.sent, self.unread = (sent, tail_at), unread or None
+            return
         if reason == fastrelay.CLIENT or transport.is_closing():
             self.gone = True  # the upstream connection stays paused: nothing more is read for this client
+            return
+        if sent and reason in (fastrelay.UNUSUAL, fastrelay.EOF):
+            self.sent = (sent, tail_at)  # the stream's end: `run` reads it at its turn (`Turns`), then `unread`
+            self.unread = unread or None
             return
         if unread and reason in (fastrelay.UNUSUAL, fastrelay.EOF):
             self.unread = unread  # most likely the stream's end: `run` feeds it at its turn (`Turns`)
             return
         conn.resume()
+        if sent:  # a tail that is not the end (a slow client, the thread's time up): read, not written again
+            self.read_sent(sent, tail_at)
         if unread:  # as if just read (a slow client too: bounded by one read): the rest goes on in Python
             conn.data_received(unread)
         if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             self.paused = True
             conn.pause()
+
+    def read_sent(self, sent: bytes, at: float) -> None:
+        """What the thread wrote to the client already, read and counted as if it had arrived at `at`."""
+        self.quiet, self.at = True, at
+        try:
+            self.conn.data_received(sent)
+        finally:
+            self.quiet, self.at = False, 0.0
+
+    def settle(self) -> None:
+        if self.unsettled and self.fast is not None:
+            self.unsettled = False
+            self.fast.settled()
 
     # -- the coroutine ---------------------------------------------------------------------------------
     async def run(self, client: web.Request | None, timeout: asyncio.Timeout,
@@ -234,6 +273,9 @@ class StreamRelay:
                 await self.turns.wait()
             last = self.relay.finish(head.status)
             self.finish(record)  # before the last bytes: a client that has its answer sees it counted
+            if self.end_written:  # the thread wrote the last bytes and the end: counted just now, after them
+                compat.ended_elsewhere(response)
+                return response, True
             if self.gone or (self.transport is not None and self.transport.is_closing()):
                 raise ClientGone()
             if writer is not None:  # the last bytes and the end of the body in one write (one syscall)
@@ -254,6 +296,7 @@ class StreamRelay:
                 self.transport.abort()  # the client sees the cut (no end of the chunked body), not a complete answer
         finally:
             self.take_back()  # the thread still had it: its counts, then ours again
+            self.settle()  # counted above, or never to be: /metrics waits no longer for it
         return response, False
 
     async def _until_ended(self, writer: aiohttp.abc.AbstractStreamWriter | None) -> bool:
@@ -264,12 +307,15 @@ class StreamRelay:
         while True:
             if self.gone:
                 raise ClientGone()
-            if self.unread is not None:  # handed back by the relay thread: read on at this stream's turn
-                await self.turns.wait()
+            if self.unread is not None or self.sent is not None:  # handed back by the relay thread: read on
+                await self.turns.wait()                              # at this stream's turn
                 turned = True
-                unread, self.unread = self.unread, None
+                unread, self.unread, sent, self.sent = self.unread, None, self.sent, None
                 conn.resume()
-                conn.data_received(unread)
+                if sent is not None:
+                    self.read_sent(*sent)
+                if unread:
+                    conn.data_received(unread)
                 if self.transport is not None and self.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                     self.paused = True
                     conn.pause()

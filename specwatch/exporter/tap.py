@@ -4,7 +4,9 @@ Streams are relayed event by event with the upstream's exact bytes (`stream_rela
 tap's own upstream client), read and accounted by `relays.SseRelay` (the usage chunk the tap asked for
 removed, ordinary content chunks read by a byte pattern, the rest parsed in full); long runs of ordinary
 content chunks go to the compiled relay thread (`fastrelay`), and stream ends are accounted in turns
-(`turns`). The split's route comes from `routing.Router`, which routes around an upstream known down
+(`turns`); where nothing the tap writes outlives the process (`tail_ends`), the thread also writes a stream's
+last events and the end of its body, and the tap counts them just after (`/metrics` waits for those counts,
+`settled`). The split's route comes from `routing.Router`, which routes around an upstream known down
 (`availability`: fed here by the requests that reach it or do not, `unreachable` saying which could not);
 a rerouted request is counted once it is forwarded, and never mirrored. Faults never escape:
 an unreachable upstream becomes a 502 with an OpenAI-style error, a malformed answer is
@@ -104,6 +106,11 @@ class Tap:
         self._id_prefix, self._ids = secrets.token_hex(4), itertools.count()
         self.fast: FastRelay | None = None  # the compiled relay thread, where built and enabled (`start`)
         self.turns = Turns()  # the ends of streams, a few per loop iteration (`turns.py`)
+        # The relay thread may write a stream's end before the tap counts it only where a crash between the two
+        # loses nothing that would otherwise outlive the process: one process (its counters die with it) and no
+        # event log (a file, whose line for that request would be missing). With `--workers` (counters in mmap
+        # files) or `--event-log`, every end is counted before its last bytes leave, as before.
+        self.tail_ends = cfg.workers == 1 and event_log is None
 
     def _new_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids) & 0xFFFFFFFF:08x}"
@@ -128,6 +135,16 @@ class Tap:
         except (OSError, RuntimeError) as exc:  # its eventfd or thread did not start: Python relays everything
             log.warning("the compiled relay did not start (%s): relaying in Python", exc)
             return None, f"the compiled relay did not start: {exc}"
+
+    async def settled(self, within: float = 1.0) -> None:
+        """Return once every stream end the relay thread wrote is counted (at most `within` seconds): the ends
+        written before this call were counted before `/metrics` answers it."""
+        fast = self.fast
+        if fast is None or not fast.unsettled():
+            return
+        deadline = asyncio.get_running_loop().time() + within
+        while fast.unsettled() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.001)  # their hand-backs, turns and counts run meanwhile
 
     async def close(self) -> None:
         for task in list(self._background):
@@ -302,7 +319,8 @@ class Tap:
                             client: web.Request | None, timeout: asyncio.Timeout,
                             release: Callable[[], None]) -> tuple[web.StreamResponse, bool]:
         """Relay from `conn` to `client` (`StreamRelay`); the response and whether the upstream's ended cleanly."""
-        stream = StreamRelay(conn, head, plan, record, self.metrics, self.fast, self.turns, self._finish)
+        stream = StreamRelay(conn, head, plan, record, self.metrics, self.fast, self.turns, self._finish,
+                             self.tail_ends)
         return await stream.run(client, timeout, release, _forward_headers(head.headers))
 
     async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
