@@ -56,7 +56,7 @@ class StreamRelay:
 
     def __init__(self, conn: Connection, head: Head, plan: UpstreamRequest, record: RequestRecord,
                  metrics: ExporterMetrics, fast: FastRelay | None, turns: Turns,
-                 finish: Callable[[RequestRecord], None], tail: bool = False) -> None:
+                 finish: Callable[[RequestRecord], None], counts_after: Turns | None = None) -> None:
         self.conn, self.head, self.record, self.metrics, self.turns, self.finish = (
             conn, head, record, metrics, turns, finish)
         sse = head.headers.get("Content-Type", "").startswith("text/event-stream")
@@ -73,7 +73,9 @@ class StreamRelay:
         self.fast = fast if isinstance(self.relay, SseRelay) else None  # chunked only: set in `run`
         self.lease: int | None = None  # the relay thread's id for the stream while it owns both sockets
         self.fruitless = 0
-        self.tail = tail and not plan.strip_usage  # the thread may write this stream's tail and end
+        # the thread may write this stream's tail and end; its count then waits its turn in `counts_after`
+        self.counts_after = counts_after
+        self.tail = counts_after is not None and not plan.strip_usage
         self.sent: tuple[bytes, float] | None = None  # the tail the thread wrote, and when it was read
         self.quiet = False  # reading what the thread wrote already: nothing is written again
         self.at = 0.0  # the read time of the bytes being fed where it is not now (the thread's tail)
@@ -308,7 +310,8 @@ class StreamRelay:
             if self.gone:
                 raise ClientGone()
             if self.unread is not None or self.sent is not None:  # handed back by the relay thread: read on
-                await self.turns.wait()                              # at this stream's turn
+                # at this stream's turn; the turn of a count no client waits for comes after everything else
+                await (self.counts_after if self.end_written and self.counts_after else self.turns).wait()
                 turned = True
                 unread, self.unread, sent, self.sent = self.unread, None, self.sent, None
                 conn.resume()

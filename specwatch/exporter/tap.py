@@ -106,6 +106,7 @@ class Tap:
         self._id_prefix, self._ids = secrets.token_hex(4), itertools.count()
         self.fast: FastRelay | None = None  # the compiled relay thread, where built and enabled (`start`)
         self.turns = Turns()  # the ends of streams, a few per loop iteration (`turns.py`)
+        self.counts_after = Turns(share=None)  # ends the relay thread wrote: one count per iteration, last
         # The relay thread may write a stream's end before the tap counts it only where a crash between the two
         # loses nothing that would otherwise outlive the process: one process (its counters die with it) and no
         # event log (a file, whose line for that request would be missing). With `--workers` (counters in mmap
@@ -320,7 +321,7 @@ class Tap:
                             release: Callable[[], None]) -> tuple[web.StreamResponse, bool]:
         """Relay from `conn` to `client` (`StreamRelay`); the response and whether the upstream's ended cleanly."""
         stream = StreamRelay(conn, head, plan, record, self.metrics, self.fast, self.turns, self._finish,
-                             self.tail_ends)
+                             self.counts_after if self.tail_ends else None)
         return await stream.run(client, timeout, release, _forward_headers(head.headers))
 
     async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,

@@ -8,7 +8,8 @@ iteration instead (one, or an eighth of those waiting when more wait, so that a 
 within a few dozen iterations): between two groups the loop polls its sockets and runs everything that
 arrived (new requests, first chunks), so time to first token does not wait for a whole burst of other
 streams' bookkeeping. Nothing is skipped or reordered within a stream; when the loop is quiet a turn
-costs one iteration.
+costs one iteration. Ends that no client waits for (the relay thread wrote them already) take a queue of
+their own that lets one go per iteration (`Turns(share=None)`): their counts wait behind everything else.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from collections import deque
 
 
 class Turns:
-    """A queue of waiters released in arrival order, max(1, waiting // SHARE) per loop iteration."""
+    """A queue of waiters released in arrival order, max(1, waiting // share) per loop iteration (one where
+    `share` is None)."""
 
     SHARE = 8
 
-    def __init__(self) -> None:
+    def __init__(self, share: int | None = SHARE) -> None:
+        self.share = share
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._scheduled = False
 
@@ -45,7 +48,7 @@ class Turns:
         any remain. (Callbacks scheduled while the loop runs its ready queue run in its next iteration,
         after it has polled its sockets: that is the turn.)"""
         waiting = self._waiting
-        share = max(1, len(waiting) // self.SHARE)
+        share = max(1, len(waiting) // self.share) if self.share else 1
         while waiting and share:
             fut = waiting.popleft()
             if not fut.done():  # a cancelled waiter (its client left) gives up its turn
