@@ -5,8 +5,11 @@ The exporter's app runs in this process on uvloop, in front of an upstream that 
 gate the test opens: while a stream's end waits there, the client must not have its last bytes yet.
 Relayed in Python, the end waits once, after the upstream's answer is complete, with its connection
 already idle in the pool (a request arriving meanwhile does not open a new one). Over the relay thread,
-each hand-back at the end (the finish chunk, the usage chunk) is fed at its turn. Then the gate opens and
-the client gets every byte the upstream sent, counted.
+each hand-back at the end (the finish chunk, the usage chunk) is fed at its turn (with an event log: an end
+the thread may write must be counted before it leaves). Then the gate opens and the client gets every byte
+the upstream sent, counted. Where the thread may write the end (one process, no event log, the client's own
+include_usage), the client has every byte, and its keep-alive connection takes the next request, while the
+count waits at its gate (`Tap.counts_after`).
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ class Gate(Turns):
         await self.open.wait()
 
 
-@pytest.mark.parametrize("relay", ["python", "thread"])
-def test_a_streams_end_waits_its_turn_before_its_last_bytes(relay: str) -> None:
-    if relay == "thread" and not fastrelay.AVAILABLE:
+@pytest.mark.parametrize("relay", ["python", "thread", "thread-writes-the-end"])
+def test_a_streams_end_waits_its_turn_before_its_last_bytes(relay: str, tmp_path: Path) -> None:
+    if relay != "python" and not fastrelay.AVAILABLE:
         pytest.skip("the compiled relay is not built here")
     body = (CAPTURE / "chat_stream_usage.response").read_bytes()
     events = [e + b"\n\n" for e in body.split(b"\n\n") if e.strip()]
@@ -70,11 +73,17 @@ def test_a_streams_end_waits_its_turn_before_its_last_bytes(relay: str) -> None:
         await up_runner.setup()
         up_port, port = free_port(), free_port()
         await web.TCPSite(up_runner, "127.0.0.1", up_port).start()
-        cfg = load({"upstream": [f"baseline=http://127.0.0.1:{up_port}"], "listen": f"127.0.0.1:{port}",
-                    "no_fast_relay": relay == "python"}, None)
-        exporter = Exporter(cfg)
+        flags: dict[str, Any] = {"upstream": [f"baseline=http://127.0.0.1:{up_port}"], "listen": f"127.0.0.1:{port}",
+                                 "no_fast_relay": relay == "python"}
+        if relay == "thread":
+            flags["event_log"] = str(tmp_path / "events.jsonl")
+        exporter = Exporter(load(flags, None))
         received = bytearray()
-        gate = exporter.tap.turns = Gate(exporter, received)
+        gate = Gate(exporter, received)
+        if relay == "thread-writes-the-end":
+            exporter.tap.counts_after = gate
+        else:
+            exporter.tap.turns = gate
         runner = web.AppRunner(exporter.app(), access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -94,6 +103,16 @@ def test_a_streams_end_waits_its_turn_before_its_last_bytes(relay: str) -> None:
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(0.05)  # held there: nothing more reaches the client meanwhile
                 held = bytes(received)
+                if relay == "thread-writes-the-end":  # the client has it all, the count still waits
+                    await asyncio.wait_for(reading, 10)
+                    # on the stream's own keep-alive connection: its handler returned before the count (a next
+                    # request is read at once); /metrics waits 1 s for the count, then answers without it
+                    async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                        uncounted = await resp.text()
+                    assert "specwatch_fast_relay_ends_total 1.0" in uncounted.splitlines()
+                    counted = [m for m in uncounted.splitlines()
+                               if m.startswith("specwatch_requests_total{") and not m.endswith(" 0.0")]
+                    assert not counted, (counted, gate.seen)  # not before its turn
                 gate.open.set()
                 await asyncio.wait_for(reading, 10)
                 async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
@@ -105,6 +124,13 @@ def test_a_streams_end_waits_its_turn_before_its_last_bytes(relay: str) -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         seen, held, full, metrics = runner.run(scenario())
+    line = 'specwatch_requests_total{outcome="ok",task="code",variant="baseline"} 1.0'
+    assert line in metrics.splitlines(), [m for m in metrics.splitlines() if m.startswith("specwatch_requests_total")]
+    assert full == b"".join(events)  # every byte, as the upstream sent it
+    if relay == "thread-writes-the-end":  # one turn, for the count, once the client had [DONE] and the end and
+        assert seen == [{"idle_upstream_connections": 1, "client_has_done": True}], seen  # the connection is back
+        assert held == full
+        return
     assert seen and not any(wait["client_has_done"] for wait in seen), seen
     if relay == "python":  # one turn, after the upstream connection went back to the pool
         assert seen == [{"idle_upstream_connections": 1, "client_has_done": False}], seen
@@ -112,6 +138,3 @@ def test_a_streams_end_waits_its_turn_before_its_last_bytes(relay: str) -> None:
         relayed = [m for m in metrics.splitlines() if m.startswith("specwatch_fast_relay_chunks_total ")]
         assert relayed and float(relayed[0].split()[1]) > 0, relayed
     assert b'"content":"def"' in held and b"data: [DONE]" not in held  # the content first; the end waited
-    assert full == b"".join(events)  # then every byte, as the upstream sent it
-    line = 'specwatch_requests_total{outcome="ok",task="code",variant="baseline"} 1.0'
-    assert line in metrics.splitlines(), [m for m in metrics.splitlines() if m.startswith("specwatch_requests_total")]

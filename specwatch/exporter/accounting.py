@@ -63,6 +63,7 @@ class RequestRecord:
     status: int | None = None
     end: float | None = None
     accounted: bool = False
+    counted_later: bool = False  # the relay thread wrote its end; a task counts it after the handler returned
     ended: asyncio.Future[None] | None = None  # resolved when accounted; only where a mirror waits for it
     gaps: Gaps | None = None  # the stream's inter-token gaps not yet in the ITL histogram (hot path)
 

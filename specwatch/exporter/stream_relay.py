@@ -9,9 +9,11 @@ and the client's transport are paused and nothing here reads or writes them), an
 (`taken_back`) makes them the loop's again (`resume`). A stream handed over with `tail` (the client asked
 for usage itself, so the tap changes nothing in its last events; and nothing the tap writes outlives the
 process: `Tap.tail_ends`) may end in the thread: the thread writes the tail and the end of the chunked
-body, and hands back the tail's raw bytes (`sent`), which are read and counted here at the stream's turn
-without being written again (`quiet`); the response is then marked ended (`compat.ended_elsewhere`) and
-`FastRelay.settled()` called once it is counted. Once the upstream's answer is complete,
+body, and hands back the tail's raw bytes (`sent`). The upstream connection reads them at once (framing
+only: the connection goes back to the pool), the response is marked ended (`compat.ended_elsewhere`) and
+the handler returns, so a keep-alive client's next request is read at once; the tail is read and the
+request counted afterwards by a task of its own (`count_after_end`, at its turn in `counts_after`), which
+then calls `FastRelay.settled()`. Once the upstream's answer is complete,
 `release()` hands the connection back to the pool at once, before the accounting and the last bytes
 (and before their turn, where one is still to come): nothing here touches it after that.
 """
@@ -21,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -56,7 +59,8 @@ class StreamRelay:
 
     def __init__(self, conn: Connection, head: Head, plan: UpstreamRequest, record: RequestRecord,
                  metrics: ExporterMetrics, fast: FastRelay | None, turns: Turns,
-                 finish: Callable[[RequestRecord], None], counts_after: Turns | None = None) -> None:
+                 finish: Callable[[RequestRecord], None], counts_after: Turns | None = None,
+                 later: Callable[[Coroutine[Any, Any, None]], None] | None = None) -> None:
         self.conn, self.head, self.record, self.metrics, self.turns, self.finish = (
             conn, head, record, metrics, turns, finish)
         sse = head.headers.get("Content-Type", "").startswith("text/event-stream")
@@ -73,14 +77,16 @@ class StreamRelay:
         self.fast = fast if isinstance(self.relay, SseRelay) else None  # chunked only: set in `run`
         self.lease: int | None = None  # the relay thread's id for the stream while it owns both sockets
         self.fruitless = 0
-        # the thread may write this stream's tail and end; its count then waits its turn in `counts_after`
-        self.counts_after = counts_after
-        self.tail = counts_after is not None and not plan.strip_usage
+        # the thread may write this stream's tail and end; its count is then a task (`later`) that waits its
+        # turn in `counts_after`
+        self.counts_after, self.later = counts_after, later
+        self.tail = counts_after is not None and later is not None and not plan.strip_usage
         self.sent: tuple[bytes, float] | None = None  # the tail the thread wrote, and when it was read
         self.quiet = False  # reading what the thread wrote already: nothing is written again
         self.at = 0.0  # the read time of the bytes being fed where it is not now (the thread's tail)
         self.end_written = False  # the thread wrote the end of the client's body
-        self.unsettled = False  # ... and `FastRelay.settled()` is still owed for it
+        self.deferred: list[bytes] | None = None  # ... and the body bytes of its tail, read after the handler
+        self.unsettled = False  # `FastRelay.settled()` is still owed for this stream
 
     # -- waking ---------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -99,6 +105,9 @@ class StreamRelay:
     def sink(self, chunk: bytes) -> None:
         """The connection's `data_received`: read, write to the client, and hand over where it pays."""
         if self.gone:
+            return
+        if self.deferred is not None:  # the thread wrote it to the client: read and counted after the handler
+            self.deferred.append(chunk)
             return
         out = self.relay.feed(chunk, self.at)
         if out and not self.quiet:
@@ -206,11 +215,14 @@ class StreamRelay:
         if unsent and not transport.is_closing():
             transport.write(unsent)
             unsent = b""
-        if ended_at and reason != fastrelay.CLIENT and not unsent:  # the client has it all, the end included:
-            self.end_written = True                                   # read and count it at its turn, whatever
-            record.end = ended_at                                     # the client does next
+        if ended_at and reason != fastrelay.CLIENT and not unsent:  # the client has it all, the end included
+            self.end_written, self.at, record.end = True, tail_at, ended_at
             self.metrics.fast_relay_ends.inc()
-            self.sent, self.unread = (sent, tail_at), unread or None
+            self.deferred = []
+            conn.resume()
+            conn.data_received(sent)  # the connection's framing now (its end: back to the pool), the rest later
+            if unread:  # bytes after the body's end: the connection will not be used again
+                conn.data_received(unread)
             return
         if reason == fastrelay.CLIENT or transport.is_closing():
             self.gone = True  # the upstream connection stays paused: nothing more is read for this client
@@ -271,13 +283,15 @@ class StreamRelay:
             turned = await self._until_ended(writer)
             ended.result()  # raises where the upstream broke off
             release()  # a new request need not open a connection while this stream's end waits
+            if self.end_written and self.later is not None:  # the thread wrote the last bytes and the end:
+                compat.ended_elsewhere(response)                # the handler returns, the count comes after
+                record.counted_later = True
+                self.later(self.count_after_end(head.status))
+                return response, True
             if not turned:  # the stream's end waits behind new requests and first chunks, not ahead of them
                 await self.turns.wait()
             last = self.relay.finish(head.status)
             self.finish(record)  # before the last bytes: a client that has its answer sees it counted
-            if self.end_written:  # the thread wrote the last bytes and the end: counted just now, after them
-                compat.ended_elsewhere(response)
-                return response, True
             if self.gone or (self.transport is not None and self.transport.is_closing()):
                 raise ClientGone()
             if writer is not None:  # the last bytes and the end of the body in one write (one syscall)
@@ -298,8 +312,26 @@ class StreamRelay:
                 self.transport.abort()  # the client sees the cut (no end of the chunked body), not a complete answer
         finally:
             self.take_back()  # the thread still had it: its counts, then ours again
-            self.settle()  # counted above, or never to be: /metrics waits no longer for it
+            if not self.record.counted_later:
+                self.settle()  # counted above, or never to be: /metrics waits no longer for it
         return response, False
+
+    async def count_after_end(self, status: int) -> None:
+        """The tail the thread wrote, read and counted at its turn, after everything else (`counts_after`); at
+        once where the task is cancelled (the exporter stopping)."""
+        assert self.counts_after is not None and self.deferred is not None
+        try:
+            await self.counts_after.wait()
+        finally:
+            try:
+                deferred, self.deferred = self.deferred, None
+                for chunk in deferred:
+                    self.relay.feed(chunk, self.at)
+                self.relay.finish(status)
+                self.record.counted_later = False
+                self.finish(self.record)
+            finally:
+                self.settle()
 
     async def _until_ended(self, writer: aiohttp.abc.AbstractStreamWriter | None) -> bool:
         """Wait for the upstream's end, draining a slow client and feeding what the thread handed back on the
@@ -310,8 +342,7 @@ class StreamRelay:
             if self.gone:
                 raise ClientGone()
             if self.unread is not None or self.sent is not None:  # handed back by the relay thread: read on
-                # at this stream's turn; the turn of a count no client waits for comes after everything else
-                await (self.counts_after if self.end_written and self.counts_after else self.turns).wait()
+                await self.turns.wait()                              # at this stream's turn
                 turned = True
                 unread, self.unread, sent, self.sent = self.unread, None, self.sent, None
                 conn.resume()

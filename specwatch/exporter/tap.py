@@ -21,7 +21,7 @@ import itertools
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -107,6 +107,7 @@ class Tap:
         self.fast: FastRelay | None = None  # the compiled relay thread, where built and enabled (`start`)
         self.turns = Turns()  # the ends of streams, a few per loop iteration (`turns.py`)
         self.counts_after = Turns(share=None)  # ends the relay thread wrote: one count per iteration, last
+        self._counting: set[asyncio.Task[None]] = set()  # their counts, each a task of its own
         # The relay thread may write a stream's end before the tap counts it only where a crash between the two
         # loses nothing that would otherwise outlive the process: one process (its counters die with it) and no
         # event log (a file, whose line for that request would be missing). With `--workers` (counters in mmap
@@ -147,7 +148,14 @@ class Tap:
         while fast.unsettled() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.001)  # their hand-backs, turns and counts run meanwhile
 
+    def _count_later(self, count: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(count)
+        self._counting.add(task)
+        task.add_done_callback(self._counting.discard)
+
     async def close(self) -> None:
+        if self._counting:  # the ends the thread wrote are counted before the counters go
+            await asyncio.gather(*self._counting, return_exceptions=True)
         for task in list(self._background):
             task.cancel()
         if self.session is not None:
@@ -199,8 +207,8 @@ class Tap:
             single=False, outcome="rejected", status=status)
 
     def _finish(self, record: RequestRecord) -> None:
-        if record.accounted or record.path not in GENERATION_PATHS:
-            return  # counted already; or models, tokenize, ...: forwarded, not accounted
+        if record.accounted or record.counted_later or record.path not in GENERATION_PATHS:
+            return  # counted already, or by a task after the handler; or models, tokenize, ...: not accounted
         self._account(record)
 
     def _account(self, record: RequestRecord) -> None:
@@ -321,7 +329,7 @@ class Tap:
                             release: Callable[[], None]) -> tuple[web.StreamResponse, bool]:
         """Relay from `conn` to `client` (`StreamRelay`); the response and whether the upstream's ended cleanly."""
         stream = StreamRelay(conn, head, plan, record, self.metrics, self.fast, self.turns, self._finish,
-                             self.counts_after if self.tail_ends else None)
+                             *((self.counts_after, self._count_later) if self.tail_ends else ()))
         return await stream.run(client, timeout, release, _forward_headers(head.headers))
 
     async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
