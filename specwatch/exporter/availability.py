@@ -4,7 +4,7 @@
 404, or does not answer), or when `down_after_failures` requests in a row could not reach it: refused,
 reset, or a connect that timed out, before any byte of a response. A slow answer is not an unreachable
 one: a request that was sent and timed out waiting (`upstream_timeout_seconds`) is an upstream error of
-its own, never counted here (`tap.unreachable`).
+its own, never counted here (`Tap._exchange`).
 
 **Healthy again.** A down upstream waits `wait` seconds (below), then:
 - with a health endpoint (the probe got a 200): once its probe has answered 200 for `wait` with no

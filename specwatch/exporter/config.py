@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -222,6 +222,26 @@ def _health_path(flag: Any, doc: _Yaml) -> str | None:
     return value
 
 
+def plain_http(url: str) -> tuple[str, int, str] | None:
+    """(host, port, path prefix) of an `http://` upstream URL; None for anything the tap's client does not speak."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.query or parts.fragment or parts.username:
+        return None
+    try:
+        port = parts.port or 80
+    except ValueError:
+        return None
+    return parts.hostname, port, parts.path.rstrip("/")
+
+
+def _without_credentials(url: str) -> str:
+    """The URL as a message may show it: any user and password replaced by `***`."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl()
+
+
 def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
     """Build the config from parsed flags (`upstream`, `split`, `mirror`, `listen`, ...) and the YAML file."""
     doc = _Yaml(file)
@@ -238,9 +258,11 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
     for name, url in upstreams.items():
         if not NAME_PATTERN.match(name):
             raise ConfigError(f"upstream name {name!r}: expected lowercase letters, digits, '-' or '_' (max 32)")
-        parsed = urlparse(str(url))
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError(f"upstream {name}={url!r}: expected an http(s) URL")
+        if plain_http(str(url)) is None:
+            raise ConfigError(f"upstream {name}={_without_credentials(str(url))!r}: expected http://HOST[:PORT][/PATH] "
+                              "(the tap speaks plain "
+                              "HTTP/1.1 to its upstreams: no https, credentials, query or fragment; put the exporter "
+                              "beside the server, or end TLS in front of it)")
         upstreams[name] = str(url).rstrip("/")
     split = {str(k): doc.percent("split", k, v) for k, v in doc.mapping("split").items()}
     for item in flags.get("split") or ():

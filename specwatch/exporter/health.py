@@ -51,6 +51,7 @@ class UpstreamProbe:
         self.cfg, self.metrics, self.availability = cfg, metrics, availability
         self.refresh, self.prober = refresh, prober
         self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
         self._without_endpoint: set[str] = set()  # said once in the log
         self._versions: dict[str, str] = {}  # variant -> the version it answered since it last came up
         self._last_version: dict[str, str] = {}  # variant -> the last version it answered, down or up
@@ -112,9 +113,13 @@ class UpstreamProbe:
                 log.exception("upstream probe round failed")
             await asyncio.sleep(self.cfg.probe_interval_seconds)
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        self._task = asyncio.create_task(self._forever(session))
+    def start(self) -> None:
+        """Probe from now on, over a client of the probe's own (the tap's requests go over `upstream.py`)."""
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        self._task = asyncio.create_task(self._forever(self._session))
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self._session is not None:
+            await self._session.close()

@@ -112,11 +112,10 @@ class Exporter:
 
     async def _on_startup(self, app: web.Application) -> None:
         await self.tap.start()
-        assert self.tap.session is not None
-        self.probe.start(self.tap.session)
+        self.probe.start()
 
     async def _on_cleanup(self, app: web.Application) -> None:
-        self.probe.stop()
+        await self.probe.stop()
         await self.tap.close()
         if self.event_log is not None:
             self.event_log.close()

@@ -1,17 +1,18 @@
 """The request path: forward every request unchanged, relay responses as they arrive, account them.
 
-Streams are relayed event by event with the upstream's exact bytes (`stream_relay.StreamRelay`, over the
-tap's own upstream client), read and accounted by `relays.SseRelay` (the usage chunk the tap asked for
-removed, ordinary content chunks read by a byte pattern, the rest parsed in full); long runs of ordinary
-content chunks go to the compiled relay thread (`fastrelay`), and stream ends are accounted in turns
-(`turns`); where nothing the tap writes outlives the process (`tail_ends`), the thread also writes a stream's
-last events and the end of its body, and the tap counts them just after (`/metrics` waits for those counts,
-`settled`). The split's route comes from `routing.Router`, which routes around an upstream known down
-(`availability`: fed here by the requests that reach it or do not, `unreachable` saying which could not);
-a rerouted request is counted once it is forwarded, and never mirrored. Faults never escape:
-an unreachable upstream becomes a 502 with an OpenAI-style error, a malformed answer is
-relayed and counted `bad_response`, a client that leaves cancels the upstream request.
-Headers pass through untouched (minus hop-by-hop and the tap's own) and are never logged.
+Every request goes to its upstream over the tap's own HTTP/1.1 client (`upstream.py`; upstreams are plain
+`http://`, `config.plain_http`), and every answer comes back through `stream_relay.StreamRelay`: streams
+event by event with the upstream's exact bytes, plain bodies read by read. Streams are read and accounted by
+`relays.SseRelay` (the usage chunk the tap asked for removed, ordinary content chunks read by a byte
+pattern, the rest parsed in full); long runs of ordinary content chunks go to the compiled relay thread
+(`fastrelay`), and stream ends are accounted in turns (`turns`); where nothing the tap writes outlives the
+process (`tail_ends`), the thread also writes a stream's last events and the end of its body, and the tap
+counts them just after (`/metrics` waits for those counts, `settled`). The split's route comes from
+`routing.Router`, which routes around an upstream known down (`availability`: fed here by the requests that
+reach it or do not); a rerouted request is counted once it is forwarded, and never mirrored. Faults never
+escape: an unreachable upstream becomes a 502 with an OpenAI-style error, a malformed answer is relayed and
+counted `bad_response`, a client that leaves cancels the upstream request. Headers pass through untouched
+(minus hop-by-hop and the tap's own) and are never logged.
 """
 
 from __future__ import annotations
@@ -23,29 +24,25 @@ import logging
 import secrets
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from specwatch.exporter import fastrelay
 from specwatch.exporter.accounting import ITL_FLUSH_SECONDS, RequestRecord, account
 from specwatch.exporter.classify import TASK_HEADER, classify
-from specwatch.exporter.config import ExporterConfig
+from specwatch.exporter.config import ExporterConfig, plain_http
 from specwatch.exporter.eventlog import EventLog
 from specwatch.exporter.fastrelay import FastRelay
 from specwatch.exporter.metrics import ExporterMetrics
 from specwatch.exporter.relays import (
     GENERATION_PATHS,
     BodyError,
-    BodyRelay,
-    SseRelay,
     UpstreamRequest,
     plan_request,
 )
 from specwatch.exporter.routing import VARIANT_HEADER, Router
-from specwatch.exporter.stream_relay import ClientGone, StreamRelay
+from specwatch.exporter.stream_relay import StreamRelay
 from specwatch.exporter.turns import Turns
 from specwatch.exporter.upstream import Connection, Head, NotSent, Pool, request_bytes
 
@@ -55,27 +52,6 @@ HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connecti
                         TASK_HEADER, VARIANT_HEADER})
 _HOP_BY_HOP_RAW = frozenset(name.encode("ascii") for name in HOP_BY_HOP)
 MAX_MIRRORS_IN_FLIGHT = 64
-
-
-def _plain_http(url: str) -> tuple[str, int, str] | None:
-    """(host, port, path prefix) of an http:// upstream URL; None for anything the tap's own client does not speak."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.query or parts.fragment or parts.username:
-        return None
-    try:
-        port = parts.port or 80
-    except ValueError:
-        return None
-    return parts.hostname, port, parts.path.rstrip("/")
-
-
-def unreachable(exc: BaseException) -> bool:
-    """An aiohttp request's failure before its response head means the upstream could not be reached: refused,
-    reset, or a connect that timed out. A read timeout (`sock_read`, or the request's whole deadline) once it
-    was sent is a slow upstream, an error of its own but no sign that it is down; nor is a malformed head."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return True
-    return isinstance(exc, aiohttp.ClientConnectionError | OSError) and not isinstance(exc, TimeoutError)
 
 
 def error_response(status: int, message: str, err_type: str) -> web.Response:
@@ -96,9 +72,12 @@ class Tap:
     def __init__(self, cfg: ExporterConfig, metrics: ExporterMetrics, router: Router,
                  event_log: EventLog | None = None) -> None:
         self.cfg, self.metrics, self.router, self.event_log = cfg, metrics, router, event_log
-        self.session: aiohttp.ClientSession | None = None
         self.pool = Pool(connect_timeout=5)
-        self._direct = {name: _plain_http(url) for name, url in cfg.upstreams.items()}
+        self._direct: dict[str, tuple[str, int, str]] = {}  # (host, port, path prefix) by variant
+        for name, url in cfg.upstreams.items():
+            where = plain_http(url)
+            assert where is not None, f"{name}={url}: config.load takes plain http:// upstreams only"
+            self._direct[name] = where
         self._mirrors = asyncio.Semaphore(MAX_MIRRORS_IN_FLIGHT)
         self._background: set[asyncio.Task[None]] = set()
         # request ids for requests without X-Request-Id: a random prefix per process and a counter (16 hex
@@ -118,9 +97,6 @@ class Tap:
         return f"{self._id_prefix}{next(self._ids) & 0xFFFFFFFF:08x}"
 
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.cfg.upstream_timeout_seconds, sock_connect=5)
-        self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
-                                             connector=aiohttp.TCPConnector(limit=0))
         self.fast, why = self._fast_relay()
         relay = "compiled" if self.fast is not None else "python"
         self.metrics.relay.labels(relay).set(1)
@@ -158,8 +134,6 @@ class Tap:
             await asyncio.gather(*self._counting, return_exceptions=True)
         for task in list(self._background):
             task.cancel()
-        if self.session is not None:
-            await self.session.close()
         self.pool.close()
         if self.fast is not None:
             self.fast.close()
@@ -184,7 +158,7 @@ class Tap:
                 and plan.parsed is not None and request.method == "POST"):  # its own traffic, not rerouted
             self._start_mirror(request, plan, task, record)
         try:
-            return await self._exchange(request, plan, record, request, rerouted_from)
+            return await self._exchange(request, plan, record, rerouted_from)
         finally:
             self._finish(record)
 
@@ -239,34 +213,12 @@ class Tap:
             record.outcome = "rejected"
 
     async def _exchange(self, request: web.Request, plan: UpstreamRequest, record: RequestRecord,
-                        client: web.Request | None, rerouted_from: str | None = None) -> web.StreamResponse:
-        """Send the request to the record's variant; relay to `client` (None: a mirror, discard). `rerouted_from`:
-        the split's pick it was rerouted from, counted once the request is handed to the upstream client."""
-        assert self.session is not None
-        direct = self._direct.get(record.variant)
-        if plan.stream and request.method == "POST" and direct is not None:
-            return await self._exchange_stream(request, plan, record, client, direct, rerouted_from)
-        url = self.cfg.upstreams[record.variant] + request.path_qs
-        self.router.forwarded(record.variant, rerouted_from)
-        try:
-            async with self.session.request(request.method, url, data=plan.body,
-                                            headers=_forward_headers(request.headers)) as upstream:
-                self._answered(record, upstream.status)
-                return await self._relay(upstream, plan, record, client)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            record.outcome = "upstream_error"
-            if record.status is None and unreachable(exc):  # refused, reset, no connection: not a slow answer
-                self.router.availability.failed(record.variant)
-            return error_response(502, f"upstream {record.variant} failed: {type(exc).__name__}", "BadGateway")
-        except asyncio.CancelledError:
-            record.outcome = "client_abort"
-            raise
-
-    async def _exchange_stream(self, request: web.Request, plan: UpstreamRequest, record: RequestRecord,
-                               client: web.Request | None, direct: tuple[str, int, str],
-                               rerouted_from: str | None) -> web.StreamResponse:
-        """A streamed request over the tap's own upstream client (`upstream.py`): same outcomes as `_exchange`."""
-        host, port, prefix = direct
+                        rerouted_from: str | None = None, mirror: bool = False) -> web.StreamResponse:
+        """Send `request` to the record's variant over the tap's own upstream client (`upstream.py`) and relay the
+        answer to its client (a mirror's is discarded). `rerouted_from`: the split's pick it was rerouted from,
+        counted once the request is on its way."""
+        client = None if mirror else request
+        host, port, prefix = self._direct[record.variant]
         payload = request_bytes(request.method, prefix + request.path_qs, host, port,
                                 forward_header_lines(request.raw_headers), plan.body)
         loop = asyncio.get_running_loop()
@@ -279,7 +231,7 @@ class Tap:
                     for attempt in (1, 2):
                         conn, reused = await self.pool.acquire(host, port)
                         try:
-                            conn.send(payload)
+                            conn.send(payload, head_request=request.method == "HEAD")
                             if not sent:  # on its way (a retry on a fresh connection is the same request)
                                 sent = True
                                 self.router.forwarded(record.variant, rerouted_from)
@@ -332,61 +284,6 @@ class Tap:
                              *((self.counts_after, self._count_later) if self.tail_ends else ()))
         return await stream.run(client, timeout, release, _forward_headers(head.headers))
 
-    async def _relay(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
-                     client: web.Request | None) -> web.StreamResponse:
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=_forward_headers(upstream.headers))
-        if client is not None:
-            await response.prepare(client)
-
-        async def send(data: bytes) -> None:
-            if client is None:
-                return
-            try:
-                await response.write(data)
-            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                raise ClientGone() from None
-
-        try:
-            if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                last = await self._relay_sse(upstream, plan, record, send)
-            else:
-                last = await self._relay_body(upstream, record, send)
-            self._finish(record)  # before the last bytes: a client that has its answer sees it counted
-            if client is not None:  # the last bytes and the end of the body in one write (one syscall)
-                try:
-                    await response.write_eof(last)
-                except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                    raise ClientGone() from None
-        except ClientGone:
-            record.outcome = "client_abort"  # leaving the upstream context below cancels its request
-        except (TimeoutError, aiohttp.ClientError):
-            record.outcome = "upstream_error"  # the upstream broke off mid-response, or hung past the deadline
-            if client is not None and client.transport is not None:
-                client.transport.abort()  # the client sees the cut (no end of the chunked body)
-        return response
-
-    async def _relay_body(self, upstream: aiohttp.ClientResponse, record: RequestRecord, send: Any) -> bytes:
-        """Relay a plain body; its last read is returned unsent (the caller accounts, then sends it)."""
-        relay = BodyRelay(record)
-        async for chunk in upstream.content.iter_any():
-            out = relay.feed(chunk)
-            if out:
-                await send(out)
-        return relay.finish(upstream.status)
-
-    async def _relay_sse(self, upstream: aiohttp.ClientResponse, plan: UpstreamRequest, record: RequestRecord,
-                         send: Any) -> bytes:
-        """Relay event by event; the events of one upstream read go out in one write, unchanged ones as is.
-        From the read that carries `[DONE]` on, the bytes are returned unsent: the caller accounts first."""
-        relay = SseRelay(plan, record, self.metrics)
-        content = upstream.content
-        while chunk := await content.readany():  # as iter_any(), one coroutine layer less per chunk
-            out = relay.feed(chunk)
-            if out:
-                await send(out)
-        return relay.finish(upstream.status)
-
     # -- mirror ---------------------------------------------------------------------------
     def _start_mirror(self, request: web.Request, plan: UpstreamRequest, task: str, primary: RequestRecord) -> None:
         mirror = self.cfg.mirror
@@ -402,7 +299,7 @@ class Tap:
         async def run() -> None:
             async with self._mirrors:
                 try:
-                    await self._exchange(request, plan, record, None)
+                    await self._exchange(request, plan, record, mirror=True)
                 except Exception:  # noqa: BLE001 - a mirror's failure is accounted, never surfaced
                     if record.outcome == "ok":
                         record.outcome = "upstream_error"
