@@ -1,5 +1,5 @@
-"""The tap's HTTP/1.1 client for streamed requests: keep-alive connections per upstream, each body read
-handed to a callback as it arrives (no StreamReader, no task wake-up per chunk).
+"""The tap's HTTP/1.1 client, for every request it forwards: keep-alive connections per upstream, each body
+read handed to a callback as it arrives (no StreamReader, no task wake-up per chunk).
 
 aiohttp's client costs tens of microseconds of Python per relayed chunk (protocol, parser callbacks,
 StreamReader, a task resumed per read); this one decodes the response framing in `data_received` and
