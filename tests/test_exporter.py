@@ -166,8 +166,14 @@ def test_oversized_body_is_refused_with_413_counted_and_logged_alike(tap, event_
 
 
 def test_other_paths_pass_through(tap, upstream):
-    assert requests.get(tap.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "spec-demo"
-    assert requests.get(tap.url + "/version", timeout=10).json() == {"version": "0.32.0"}
+    """Over the tap's own client like every request: a GET's body, a HEAD's head alone (no body is waited for), and
+    the kept-alive connection serves the next request after both."""
+    with requests.Session() as session:
+        got = session.get(tap.url + "/v1/models", timeout=10)
+        assert got.status_code == 200 and got.json()["data"][0]["id"] == "spec-demo"
+        head = session.head(tap.url + "/v1/models", timeout=10)
+        assert head.status_code == 200 and head.content == b""
+        assert session.get(tap.url + "/version", timeout=10).json() == {"version": "0.32.0"}
 
 
 def test_each_upstreams_version_is_exposed_as_an_info_series(tap, upstream, service_factory):
