@@ -6,7 +6,9 @@ once a second), the usage, `metrics.speculative_decoding`, the finish reasons an
 the output text.
 `account()` turns a finished record into counter increments and histogram observations,
 parsing the spec-decode field with `specwatch.acceptance.parse`; `RequestRecord.event()` is
-its event-log line, which the tap writes. Decode steps are derived as completion tokens - 1 - C
+its event-log line. `settle()` is what the tap calls once per request: the counts (a failure in
+them counted as a bad_response, never raised), the event-log line, and the mirror's wake-up.
+Decode steps are derived as completion tokens - 1 - C
 (the first token comes from prefill, every decode step emits 1 + its accepted drafts), never
 less than R: exact unless max_tokens or an EOS cut the last step's accepted drafts (then low
 by at most k).
@@ -36,6 +38,7 @@ from specwatch.acceptance import (
     survival,
 )
 from specwatch.exporter import compat
+from specwatch.exporter.eventlog import EventLog
 from specwatch.exporter.metrics import ExporterMetrics
 
 log = logging.getLogger("specwatch.exporter")
@@ -247,3 +250,22 @@ def account(record: RequestRecord, metrics: ExporterMetrics) -> None:
     if requests is None:
         requests = ch.requests[record.outcome] = metrics.requests.labels(v, t, record.outcome)
     requests.inc()
+
+
+def settle(record: RequestRecord, metrics: ExporterMetrics, event_log: EventLog | None) -> None:
+    """Counters and the event-log line, once per record. `account` validates before it counts; should it still
+    raise, the request is counted a bad_response and the error logged, and the client's bytes go on."""
+    record.accounted = True
+    try:
+        account(record, metrics)
+    except Exception:  # noqa: BLE001 - a bug in accounting must not cut the client's answer
+        log.exception("request %s: accounting failed; counted as bad_response", record.request_id)
+        record.outcome = "bad_response"
+        metrics.requests.labels(record.variant, record.task, "bad_response").inc()
+    if event_log is not None:
+        try:
+            event_log.write(record.event())
+        except OSError:
+            log.exception("event log write failed")
+    if record.ended is not None and not record.ended.done():
+        record.ended.set_result(None)

@@ -29,7 +29,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from specwatch.exporter import fastrelay
-from specwatch.exporter.accounting import ITL_FLUSH_SECONDS, RequestRecord, account
+from specwatch.exporter.accounting import ITL_FLUSH_SECONDS, RequestRecord, settle
 from specwatch.exporter.classify import TASK_HEADER, classify
 from specwatch.exporter.config import ExporterConfig, plain_http
 from specwatch.exporter.eventlog import EventLog
@@ -186,22 +186,7 @@ class Tap:
         self._account(record)
 
     def _account(self, record: RequestRecord) -> None:
-        """Counters and the event-log line, once per record. `account` validates before it counts; should it still
-        raise, the request is counted a bad_response and the error logged, and the client's bytes go on."""
-        record.accounted = True
-        try:
-            account(record, self.metrics)
-        except Exception:  # noqa: BLE001 - a bug in accounting must not cut the client's answer
-            log.exception("request %s: accounting failed; counted as bad_response", record.request_id)
-            record.outcome = "bad_response"
-            self.metrics.requests.labels(record.variant, record.task, "bad_response").inc()
-        if self.event_log is not None:
-            try:
-                self.event_log.write(record.event())
-            except OSError:
-                log.exception("event log write failed")
-        if record.ended is not None and not record.ended.done():
-            record.ended.set_result(None)
+        settle(record, self.metrics, self.event_log)
 
     def _answered(self, record: RequestRecord, status: int) -> None:
         """The variant's upstream sent a response head: it is reachable, and a 5xx or 4xx sets the outcome."""
