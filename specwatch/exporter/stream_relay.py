@@ -323,15 +323,22 @@ class StreamRelay:
         try:
             await self.counts_after.wait()
         finally:
+            deferred, self.deferred = self.deferred, None
+            record = self.record
             try:
-                deferred, self.deferred = self.deferred, None
                 for chunk in deferred:
                     self.relay.feed(chunk, self.at)
                 self.relay.finish(status)
-                self.record.counted_later = False
-                self.finish(self.record)
+            except Exception:  # noqa: BLE001 - a bug in reading the tail must not lose the request's count
+                log.exception("request %s: reading the tail the relay thread wrote failed; counted as bad_response",
+                              record.request_id)
+                record.outcome = "bad_response"
             finally:
-                self.settle()
+                record.counted_later = False
+                try:
+                    self.finish(record)
+                finally:
+                    self.settle()
 
     async def _until_ended(self, writer: aiohttp.abc.AbstractStreamWriter | None) -> bool:
         """Wait for the upstream's end, draining a slow client and feeding what the thread handed back on the
