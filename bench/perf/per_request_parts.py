@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import specwatch.exporter.main as exporter_main
+import specwatch.exporter.relays as relays
 import specwatch.exporter.tap as tap
 
 PARTS = ("none", "account", "sse", "timeout", "classify")
@@ -29,8 +30,8 @@ def stub(parts: list[str]) -> None:
                 record.ended.set_result(None)
         tap.Tap._account = account  # type: ignore[method-assign]
     if "sse" in parts:
-        tap.SseRelay.feed = lambda self, chunk: chunk  # type: ignore[method-assign]
-        tap.SseRelay.finish = lambda self, status: b""  # type: ignore[method-assign]
+        relays.SseRelay.feed = lambda self, chunk, at=0.0: chunk  # type: ignore[method-assign]
+        relays.SseRelay.finish = lambda self, status: b""  # type: ignore[method-assign]
     if "timeout" in parts:
         @contextlib.asynccontextmanager
         async def no_deadline(deadline: float) -> AsyncIterator[None]:
