@@ -29,17 +29,26 @@ from tests.conftest import NGRAM_SIM_ARGS, Service
 Factory = Callable[[str, list[str]], Service]
 
 
-def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+def samples_in(exposition: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     out = {}
-    for fam in text_string_to_metric_families(fetch_metrics(url)):
+    for fam in text_string_to_metric_families(exposition):
         for s in fam.samples:
             if s.name == name:
                 out[tuple(sorted(s.labels.items()))] = s.value
     return out
 
 
+def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return samples_in(fetch_metrics(url), name)
+
+
+def value_in(exposition: str, name: str, **labels: str) -> float:
+    """The sum of a family's samples in one exposition whose labels include `labels`."""
+    return sum(v for k, v in samples_in(exposition, name).items() if all((lk, lv) in k for lk, lv in labels.items()))
+
+
 def value(url: str, name: str, **labels: str) -> float:
-    return sum(v for k, v in samples(url, name).items() if all((lk, lv) in k for lk, lv in labels.items()))
+    return value_in(fetch_metrics(url), name, **labels)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from specwatch.exporter.sse import PlainReader, SseSplitter, _data, plain_text
 from specwatch.net import free_port
 from tests.conftest import Service
 from tests.loopback import loopback_upstream
-from tests.test_exporter import value
+from tests.test_exporter import value, value_in
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
 TRICKY = ['"usage"', '"usage":{"prompt_tokens":1}', ',"usage":null}', '"finish_reason":"stop"', "finish_reason",
@@ -416,11 +416,11 @@ def test_a_stream_whose_client_asked_for_usage_ends_in_the_relay_thread_byte_ide
                 assert got.status_code == 200 and got.content == body
                 # read once, no wait: the count is there as soon as the client has its answer
                 metrics = requests.get(tap.url + "/metrics", timeout=10).text
-                assert sample(metrics, "specwatch_requests_total", outcome="ok") == n
-                assert sample(metrics, "specwatch_completion_tokens_total") == n * usage["completion_tokens"]
-                assert sample(metrics, "specwatch_itl_seconds_count") == n * (len(pieces) - 1)
-                assert sample(metrics, "specwatch_fast_relay_ends_total") == n
-                assert 0 < sample(metrics, "specwatch_e2e_seconds_sum") <= took
+                assert value_in(metrics, "specwatch_requests_total", outcome="ok") == n
+                assert value_in(metrics, "specwatch_completion_tokens_total") == n * usage["completion_tokens"]
+                assert value_in(metrics, "specwatch_itl_seconds_count") == n * (len(pieces) - 1)
+                assert value_in(metrics, "specwatch_fast_relay_ends_total") == n
+                assert 0 < value_in(metrics, "specwatch_e2e_seconds_sum") <= took
         # the tap strips the usage chunk it asked for itself: that stream's end is the tap's, not the thread's
         stripped = requests.post(tap.url + "/v1/chat/completions", timeout=30,
                                  json={k: v for k, v in request.items() if k != "stream_options"})
@@ -430,17 +430,6 @@ def test_a_stream_whose_client_asked_for_usage_ends_in_the_relay_thread_byte_ide
         got = requests.post(logged.url + "/v1/chat/completions", json=request, timeout=30)
         assert got.content == body and value(logged.url, "specwatch_fast_relay_ends_total") == 0
         assert value(logged.url, "specwatch_fast_relay_chunks_total") > 0  # handed over, ended in Python
-
-
-def sample(metrics: str, name: str, **labels: str) -> float:
-    """The sum of a family's samples in one exposition whose labels include `labels`."""
-    total = 0.0
-    for line in metrics.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            head, _, number = line.rpartition(" ")
-            if all(f'{k}="{v}"' in head for k, v in labels.items()):
-                total += float(number)
-    return total
 
 
 @contextlib.contextmanager

@@ -260,9 +260,8 @@ def load(flags: Mapping[str, Any], file: Path | None) -> ExporterConfig:
             raise ConfigError(f"upstream name {name!r}: expected lowercase letters, digits, '-' or '_' (max 32)")
         if plain_http(str(url)) is None:
             raise ConfigError(f"upstream {name}={_without_credentials(str(url))!r}: expected http://HOST[:PORT][/PATH] "
-                              "(the tap speaks plain "
-                              "HTTP/1.1 to its upstreams: no https, credentials, query or fragment; put the exporter "
-                              "beside the server, or end TLS in front of it)")
+                              "(the tap speaks plain HTTP/1.1 to its upstreams: no https, credentials, query or "
+                              "fragment; put the exporter beside the server, or end TLS in front of it)")
         upstreams[name] = str(url).rstrip("/")
     split = {str(k): doc.percent("split", k, v) for k, v in doc.mapping("split").items()}
     for item in flags.get("split") or ():
