@@ -1,8 +1,9 @@
 """The EAGLE-3 head on the real vLLM 0.32.0 CPU server: acceptance by draft position, per task, on the study's prompts.
 
-    .venv/bin/python scripts/eagle3_acceptance.py [--k 3] [--rows 8] [--max-tokens 96] [--out FILE]
+    .venv/bin/python scripts/eagle3_acceptance.py [--k 3] [--rows 8] [--max-tokens 96] [--head DIR] [--out FILE]
 
-Builds the head where missing (`specwatch models build --eagle3`), starts the server with
+Builds the head where missing (`specwatch models build --eagle3`; `--head` names another head folder, such as the
+test tier's small one), starts the server with
 `{"method": "eagle3", "model": <head>, "num_speculative_tokens": k}` and per-request metrics, sends each
 task's first `--rows` prompts of `specwatch.workloads` one at a time (greedy), and sums the per-request
 fields: acceptance at draft position i = steps that accepted at least i drafts / steps (vLLM's own
@@ -36,18 +37,21 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--out", type=Path)
+    p.add_argument("--head", type=Path, help="an EAGLE-3 head folder (default: the full head, built where missing)")
     args = p.parse_args()
     home = resolve_home(None)
-    folders = models.build(home, eagle3=True)
-    assert folders.eagle3 is not None
+    folders = models.build(home, eagle3=args.head is None)
+    head = args.head or folders.eagle3
+    if head is None or not (head / "config.json").is_file():
+        p.error(f"--head {head}: expected an EAGLE-3 head folder (config.json and model.safetensors)")
     port = free_port()
     argv = serve_argv(folders.target, port=port, speculative_config={
-        "method": "eagle3", "model": str(folders.eagle3), "num_speculative_tokens": args.k})
+        "method": "eagle3", "model": str(head), "num_speculative_tokens": args.k})
     log = Path(tempfile.mkdtemp(prefix="eagle3-")) / "server.log"
     with VllmServer(home, argv, port, log).start() as server:
         before = requests.get(server.url + "/metrics", timeout=30).text
         result: dict[str, object] = {"k": args.k, "rows": args.rows, "max_tokens": args.max_tokens,
-                                     "head": json.loads((folders.eagle3 / "TRAINING.json").read_text())}
+                                     "head": json.loads((head / "TRAINING.json").read_text())}
         sums = {"R": 0, "C": 0, "D": 0}
         for task in TASKS:
             hist = [0] * (args.k + 1)

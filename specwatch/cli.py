@@ -41,8 +41,8 @@ VERBS: dict[str, Verb] = {
     "workloads": Verb("specwatch.verbs.workloads", "write the article's code.jsonl and chat.jsonl"),
     "experiment": Verb("specwatch.experiment.cli",
                        "run a study plan: each variant's server in turn, acceptance and Locust passes"),
-    "check-server": Verb("specwatch.verbs.check_server", "one real vLLM CPU server with n-gram: per-task "
-                         "acceptance reconciled with its counters (the main job is `make demo`)"),
+    "check-server": Verb("specwatch.verbs.check_server", "a one-variant study: the real vLLM CPU with n-gram (or "
+                         "--url), per-task acceptance reconciled with its counters (the main job is `make demo`)"),
     "up": Verb("specwatch.stack.cli",
                "the stack on loopback without Docker: servers, exporter, Prometheus, Locust"),
     "viewer": Verb("specwatch.viewer",

@@ -3,8 +3,8 @@
 For requests that finish on the engine side with n = 1 and no stop string, vLLM 0.32.0 guarantees
 Σ num_accepted_draft_tokens = Δ accepted (C), Σ num_draft_tokens = Δ draft tokens (D), Σ num_spec_steps = Δ drafts
 (R) and Σ_{j>p} histogram[j] = Δ per_pos{position=p}; and every such request carries the field. The server's side
-is the difference `specwatch.snapshot` reads (`Figures`); `specwatch check-server` and every study variant's
-`reconciliation.json` (`experiment.passes.check_counters`) are this list, check by check, under the same names:
+is the difference `specwatch.snapshot` reads (`Figures`); every study variant's `reconciliation.json`
+(`experiment.passes.check_counters`; `specwatch check-server` is a one-variant study) is this list, check by check:
 `C`, `D`, `R`, `per_position[p]`, `requests without the field`; and a variant that does not speculate, `baseline D`
 (no request carries a draft and the server drafted nothing).
 """

@@ -58,10 +58,11 @@ def test_main_job_against_the_real_server(ngram_server, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "reconciliation with /metrics counter deltas" in out and "all equal" in out
     printed = json.loads(out.strip().splitlines()[-1])
-    saved = [json.loads(line) for line in (tmp_path / "responses.jsonl").read_text().splitlines()]
-    for task in ("code", "chat"):
-        fields = [s["response"]["metrics"]["speculative_decoding"] for s in saved if s["task"] == task]
-        tokens = sum(s["response"]["usage"]["completion_tokens"] for s in saved if s["task"] == task)
+    for task in ("code", "chat"):  # the run folder's acceptance pass (a one-variant study)
+        saved = [json.loads(line) for line in
+                 (tmp_path / "variants" / "ngram" / "acceptance" / f"{task}.jsonl").read_text().splitlines()]
+        fields = [s["response"]["metrics"]["speculative_decoding"] for s in saved]
+        tokens = sum(s["response"]["usage"]["completion_tokens"] for s in saved)
         c = sum(f["num_accepted_draft_tokens"] for f in fields)
         d = sum(f["num_draft_tokens"] for f in fields)
         r = sum(f["num_spec_steps"] for f in fields)

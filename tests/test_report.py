@@ -212,16 +212,27 @@ def _verdicts(run: results.RunResults) -> dict[tuple[str, str], verdict.Verdict]
     return {(v.variant, v.task): v for v in verdict.verdicts(run, "baseline", 2, judgements.build(run, "baseline", 2))}
 
 
+STUDY_VARIANTS = 5  # the demo's three, the truncated draft and EAGLE-3
+HOGGED_BLOCKS = 2  # round 1's first two (baseline, n-gram): a round hogged in part is what rounds cannot cancel
+
+
 @pytest.fixture(scope="module")
 def cpu_study(home: Home, model_folders: ModelFolders, tmp_path_factory: pytest.TempPathFactory) -> Study:
+    """The study, with a CPU hog planted over round 1's first blocks: the runner measures that round again at the
+    end (round 5), and everything the article predicts is read from the clean rounds 2-5. One study for both claims
+    (a quiet one beside a hogged one took 29 of the suite's 84 minutes here; the hog over all five blocks of
+    round 1, 950 s, over two about 830 s)."""
     head = build_eagle3(home, model_folders.target, size=EAGLE3_SMALL)
-    return run_study(home, tmp_path_factory.mktemp("quiet"), demo_plan(model_folders, eagle3=head))
+    plan = demo_plan(model_folders, eagle3=head)
+    assert len(yaml.safe_load(plan)["variants"]) == STUDY_VARIANTS
+    return run_study(home, tmp_path_factory.mktemp("study"), plan, hog_blocks=HOGGED_BLOCKS)
 
 
 @pytest.mark.real_vllm
 def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, cpu_study: Study) -> None:
     """Real vLLM on CPU, the demo's study in interleaved rounds: n-gram drafts far more of code than of chat; a
-    truncated draft accepts little and is a no-go; greedy outputs equal the baseline's."""
+    truncated draft accepts little and is a no-go; greedy outputs equal the baseline's. The verdicts rest on four
+    clean rounds (the hogged round 1 replaced by round 5: the next test)."""
     tmp_path = cpu_study.run.parent.parent
     rows = yaml.safe_load((REPO / "examples" / "plans" / "cpu-study.yaml").read_text())["acceptance"]["rows"]
     run = results.load(cpu_study.run)
@@ -318,67 +329,58 @@ def test_a_short_cpu_study_shows_what_the_article_predicts(home: Home, cpu_study
     assert all(value < 0.3 for line in rates["draft-first8"] for _, value in line["points"])
 
 
-DEMO_VERDICTS = [(v, t) for v in ("ngram", "suffix") for t in ("code", "chat")]  # the demo's four (make demo)
-
-
 def block_rows(run: Path, variant: str, round_: int) -> list[RequestResult]:
     """One block's requests, from its own folder: a replaced round's are left out of the merged pass."""
     return read_results([run / "variants" / variant / "perf" / "c2" / "rounds" / f"r{round_}" / "requests.jsonl"])
 
 
 @pytest.mark.real_vllm
-def test_a_cpu_hog_in_the_study_is_measured_again_and_the_verdicts_stand(
-        home: Home, model_folders: ModelFolders, cpu_study: Study, tmp_path: Path) -> None:
-    """`make demo`'s study as written (baseline, n-gram, suffix), with one busy process per core planted from its first
-    performance block through round 1's three: the runner sees the CPU the hog took, measures the round again at the
-    end, and the verdicts rest on the clean rounds. At least 3 of the demo's 4 verdicts are the quiet study's (its
-    plan with two more variants), none reversed, the extra round costs at most half the quiet study's time, and the
-    report names it. The demo's plan alone, not the quiet study's five servers: half the time in the suite."""
-    hogged = run_study(home, tmp_path, (REPO / "examples" / "plans" / "cpu-study.yaml").read_text(), hog_blocks=3)
-    assert hogged.hog is not None
-    quiet, noisy = results.load(cpu_study.run), results.load(hogged.run)
+def test_a_cpu_hog_in_the_study_is_measured_again_and_the_verdicts_stand(cpu_study: Study) -> None:
+    """One busy process per core planted over the study's first two performance blocks (round 1's baseline and
+    n-gram): the runner sees the CPU the hog took, measures the whole round again at the end, at the cost of about
+    one round, and the verdicts rest on the clean rounds (which the previous test reads for what the article
+    predicts); the report names it."""
+    assert cpu_study.hog is not None
+    noisy = results.load(cpu_study.run)
     # the hog ran during the performance blocks, and slowed the ones it covered: the test can fail
     slowed: list[float] = []
     covered: set[int] = set()
     for v in noisy.variants:
-        inside = {b["round"] for b in v.blocks if b["start"] >= hogged.hog[0] and b["end"] <= hogged.hog[1]}
-        outside = {b["round"] for b in v.blocks if b["end"] < hogged.hog[0] or b["start"] > hogged.hog[1]}
+        inside = {b["round"] for b in v.blocks if b["start"] >= cpu_study.hog[0] and b["end"] <= cpu_study.hog[1]}
+        outside = {b["round"] for b in v.blocks if b["end"] < cpu_study.hog[0] or b["start"] > cpu_study.hog[1]}
         covered |= inside
-        tpot = {r: [x.tpot_s for x in block_rows(hogged.run, v.name, r) if x.ok and not x.warmup and x.tpot_s]
+        tpot = {r: [x.tpot_s for x in block_rows(cpu_study.run, v.name, r) if x.ok and not x.warmup and x.tpot_s]
                 for r in inside | outside}
         if inside and outside:
             # the mean under the hog: it stalls the server for seconds at a time rather than slowing it evenly, and
             # a median can miss the few requests a stall hits (tests/test_canary.py's hog case measured that)
             slowed.append(statistics.mean([x for r in inside for x in tpot[r]])
                           / statistics.median([x for r in outside for x in tpot[r]]))
-    assert slowed and max(slowed) > 1.5, slowed
+    assert covered == {1} and slowed and max(slowed) > 1.5, (covered, slowed)
     # every round with a block wholly under the hog was measured again, and left out of the verdicts' data
-    replaced = json.loads((hogged.run / "run.json").read_text())["recovery"]["replaced"]
+    replaced = json.loads((cpu_study.run / "run.json").read_text())["recovery"]["replaced"]
     again = {x["round"]: x for x in replaced}
-    assert covered and covered <= set(again), (covered, replaced)
+    assert covered <= set(again), (covered, replaced)
     for r in covered:
         assert again[r]["reason"].startswith("processes outside the study used") and again[r]["outside_cores"] > 0.5
     for v in noisy.variants:
         assert not covered & {x.round for rows in v.requests[2].values() for x in rows}, v.name
         assert all(any(b.get("replaces") == r for b in v.blocks) for r in covered), v.blocks
-    # the extra rounds cost at most half the quiet study's time
-    extra = sum(b["end"] - b["start"] for v in noisy.variants for b in v.blocks if "replaces" in b)
-    assert 0 < extra <= 0.5 * cpu_study.seconds, (extra, cpu_study.seconds)
-    # the report names them
-    assert cli.main(["report", str(hogged.run)]) == cli.EXIT_OK
-    md = (hogged.run / "report" / "report.md").read_text()
+    # the extra round cost about one clean round: no more than half as much again as the longest of them
+    def span(r: int) -> float:
+        ends = [b for v in noisy.variants for b in v.blocks if b["round"] == r]
+        return max(b["end"] for b in ends) - min(b["start"] for b in ends)
+    extra = [again[r]["replaced_by"] for r in covered]
+    assert all(span(r) <= 1.5 * max(span(c) for c in (2, 3, 4)) for r in extra), [span(r) for r in range(1, 6)]
+    # the report names it
+    assert cli.main(["report", str(cpu_study.run)]) == cli.EXIT_OK
+    md = (cpu_study.run / "report" / "report.md").read_text()
     for r in covered:
         # its row in "Rounds re-measured": concurrency, round, why, the signal, the round that replaced it
         by = again[r]["replaced_by"]
         assert re.search(rf"^\| 2 \| {r} \| processes outside the study used [^\n]* \| round {by} \|$", md, re.M), md
-    # the verdicts: no decision reversed, and at least 3 of the demo's 4 the quiet study's
-    before, after = _verdicts(quiet), _verdicts(noisy)
-    assert set(DEMO_VERDICTS) == set(after) and set(after) <= set(before)
-    flipped = [k for k in after if {before[k].outcome, after[k].outcome} == {"go", "no-go"}]
-    assert not flipped, [(k, before[k].reason, after[k].reason) for k in flipped]
-    # A quiet verdict voided by its own machine's drift could not decide (CI's shared machine did that once; a build
-    # beside the quiet study here voided all four): any verdict under the hog agrees with it.
-    same = [k for k in DEMO_VERDICTS if before[k].outcome == after[k].outcome
-            or before[k].reason.startswith("the machine drifted: ")]
-    assert len(same) >= 3, {k: (before[k].label, after[k].label, before[k].reason, after[k].reason)
-                            for k in DEMO_VERDICTS}
+    # the verdicts rest on the clean rounds: each names its rounds' drift, and none names the hogged round
+    verdicts = _verdicts(noisy)
+    assert len(verdicts) == 2 * (STUDY_VARIANTS - 1), verdicts
+    for judged in verdicts.values():
+        assert not re.search(r"round 1\b", judged.reason), judged.reason

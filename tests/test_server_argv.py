@@ -3,7 +3,8 @@
 import json
 
 from specwatch import cli
-from specwatch.vllm_cpu.server import NGRAM_CONFIG, cpu_dtype, serve_argv, server_environment
+from specwatch.models.dtype import cpu_dtype
+from specwatch.vllm_cpu.server import NGRAM_CONFIG, serve_argv, server_environment
 
 
 def flag(argv, name):

@@ -259,10 +259,15 @@ def test_tune_sim_small_end_to_end(tmp_path: Path) -> None:
     assert all(r["drafts_per_step"] < 12 - 0.5 for r in at64 if r["table_k"] < 12), at64
     assert any(r["table_k"] < 12 for r in at64), at64
     assert all(r["n_dynamic"] >= 20 for r in rows)
-    # at batch 64 the table's k = 4 beats the fixed k = 12 a user would pick at concurrency 1, over the mix (by about
-    # a third on the model; one cell to the next moves by up to a third on a busy 2-core machine: the estimate only)
+    # at batch 64 the table's smaller k beats the fixed k = 12 a user would pick at concurrency 1 on chat, where most
+    # of 12 drafts are rejected (TPOT 0.69 and 0.73 of k = 12's in two runs here, p < 1e-6). Not over the mix: code
+    # accepts long runs, so k = 12 does well there, and the mix's ratio moves around 1 (1.05 and 1.16 here, 0.97 in
+    # CI's run: no claim to make; the proof prints it with its interval)
+    chat64 = next(r for r in rows if r["concurrency"] == 64 and r["task"] == "chat")
+    assert chat64["single_k"] == 12 and chat64["vs_single"]["state"] == "low", chat64
+    assert chat64["vs_single"]["high"] < 0.9, chat64
     mix = {r["concurrency"]: r for r in got["mix"]}  # type: ignore[attr-defined]
-    assert mix[64]["single_k"] == 12 and mix[64]["vs_single"][0] > 1.0, mix[64]
+    assert set(mix) == {1, 64} and all(r["single_k"] == 12 and len(r["vs_single"]) == 3 for r in mix.values()), mix
     status = json.loads((run / "variants" / "dynamic" / "status.json").read_text())
     assert status["state"] == "done" and status["speculative_config"] == got["config"]
     # the cost table for the live dashboard carries the deployment's variant label, and only a valid one

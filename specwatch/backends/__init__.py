@@ -6,6 +6,7 @@
 | `sim` | `sim.py` | `python -m specwatch.cli sim ...`, the simulator |
 | `process` | `process.py` | a command template (default `vllm serve`) on a GPU host |
 | `docker` | `docker.py` | the `vllm/vllm-openai:v0.32.0` image through the docker SDK, with a GPU request |
+| `url` | `url.py` | nothing: a server already running at `url`, measured as it is (never started or stopped) |
 
 `BackendSpec` is the typed form of a plan's `backend:` entry; `make_backend` builds the backend.
 """
@@ -21,11 +22,12 @@ from specwatch.backends.base import Backend, BackendError, HealthCheck, Launch, 
 from specwatch.backends.docker import DockerBackend, DockerSettings
 from specwatch.backends.process import DEFAULT_COMMAND, ProcessBackend
 from specwatch.backends.sim import sim_backend
+from specwatch.backends.url import url_backend
 from specwatch.backends.vllm_cpu import vllm_cpu_backend
 from specwatch.config import Home
 
-Kind = Literal["vllm_cpu", "sim", "process", "docker"]
-KINDS: tuple[Kind, ...] = ("vllm_cpu", "sim", "process", "docker")
+Kind = Literal["vllm_cpu", "sim", "process", "docker", "url"]
+KINDS: tuple[Kind, ...] = ("vllm_cpu", "sim", "process", "docker", "url")
 
 __all__ = ["KINDS", "Backend", "BackendError", "BackendSpec", "HealthCheck", "Launch", "Server", "make_backend"]
 
@@ -37,6 +39,7 @@ class BackendSpec:
     command: tuple[str, ...] = DEFAULT_COMMAND  # process: the command template
     kv_cache_gib: int = 1  # vllm_cpu: VLLM_CPU_KVCACHE_SPACE
     docker: DockerSettings = field(default_factory=DockerSettings)
+    url: str | None = None  # url: the running server's address
 
 
 def make_backend(spec: BackendSpec, home: Home, environ: Mapping[str, str] | None = None,
@@ -50,4 +53,6 @@ def make_backend(spec: BackendSpec, home: Home, environ: Mapping[str, str] | Non
         return ProcessBackend(spec.command, env, spec.args, health, kind="process")
     if spec.kind == "docker":
         return DockerBackend(spec.docker, health)
+    if spec.kind == "url":
+        return url_backend(spec.url, health)
     raise BackendError(f"unknown backend kind {spec.kind!r}; expected one of {', '.join(KINDS)}")

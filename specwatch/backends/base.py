@@ -82,6 +82,10 @@ class Backend(Protocol):
 
     def start(self, launch: Launch) -> Server: ...
 
+    def address(self, launch: Launch) -> str:
+        """Where the server of `launch` answers once started (known before it is, for Prometheus's target)."""
+        ...
+
     def help_text(self) -> str | None:
         """`vllm serve --help` as this backend runs it, or None when it cannot give it."""
         ...

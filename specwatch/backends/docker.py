@@ -150,6 +150,9 @@ class DockerBackend:
                 raise BackendError(f"no Docker engine: {exc}") from exc
         return self._client
 
+    def address(self, launch: Launch) -> str:
+        return f"http://{HOST}:{launch.port}"
+
     def command_line(self, launch: Launch) -> list[str]:
         return with_listen(launch.args, "0.0.0.0", CONTAINER_PORT)
 

@@ -77,6 +77,9 @@ class ProcessBackend:
     # tried in turn: vLLM 0.32's plain --help is a summary, --help=all lists every flag
     help_flags: tuple[str, ...] = ("--help=all", "--help")
 
+    def address(self, launch: Launch) -> str:
+        return f"http://{HOST}:{launch.port}"
+
     def command_line(self, launch: Launch) -> list[str]:
         return [*self.command, *with_listen(launch.args, HOST, launch.port), *self.extra_args]
 

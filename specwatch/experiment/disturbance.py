@@ -121,4 +121,8 @@ def unwatchable(backends: Mapping[str, str]) -> str | None:
     if boxed:
         return (f"{', '.join(boxed)} run{'s' if len(boxed) == 1 else ''} in a container, outside this process tree: "
                 "its CPU would read as another's")
+    running = sorted(name for name, kind in backends.items() if kind == "url")
+    if running:
+        return (f"{', '.join(running)} run{'s' if len(running) == 1 else ''} on a server started elsewhere "
+                "(`kind: url`), outside this process tree: its CPU would read as another's")
     return None

@@ -93,16 +93,20 @@ def environment(*, url: str, command: Sequence[str], args: Sequence[str], model:
                 speculative_config: Mapping[str, Any] | None, backend: Mapping[str, object],
                 inputs: Mapping[str, str], metrics_text: str, startup_seconds: float,
                 has_help: bool, server_log: str = "") -> dict[str, Any]:
-    """The variant's `environment.json` record (`server_log`: the server's log so far, for its model runner)."""
-    models = [model_record(model, args)]
+    """The variant's `environment.json` record (`server_log`: the server's log so far, for its model runner).
+    A backend that runs nothing (`url`: a server someone else started) has no `command`, and its `argv` is unknown
+    (None): the flags the plan names are kept apart as `argv_not_applied`, never passed off as the server's."""
+    argv = list(args) if command else None
+    models = [model_record(model, argv or ())]
     draft = (speculative_config or {}).get("model")
     if isinstance(draft, str):
-        models.append(model_record(draft, args, "--speculative-config.revision"))
+        models.append(model_record(draft, argv or (), "--speculative-config.revision"))
     return {
         "specwatch": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
         "server_version": server_version(url), "model_runner": model_runner(server_log), "url": url,
         "backend": dict(backend),
-        "command": list(command), "argv": list(args), "startup_seconds": round(startup_seconds, 2),
+        "command": list(command), "argv": argv, **({} if command else {"argv_not_applied": list(args)}),
+        "startup_seconds": round(startup_seconds, 2),
         "models": models, "inputs_sha256": dict(inputs), "num_gpu_blocks": num_gpu_blocks(metrics_text),
         "server_help": "server-help.txt" if has_help else None,
     }

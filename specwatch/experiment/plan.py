@@ -17,8 +17,10 @@ from typing import Any, Literal, cast
 import yaml
 
 from specwatch.backends import KINDS, BackendSpec, Kind
+from specwatch.backends.base import BackendError
 from specwatch.backends.docker import DockerSettings
 from specwatch.backends.process import DEFAULT_COMMAND
+from specwatch.backends.url import server_url
 from specwatch.config import Home
 from specwatch.experiment.disturbance import DEFAULT_LIMIT_CORES
 from specwatch.vllm_cpu.server import DEFAULT_MAX_NUM_SEQS, SERVED_MODEL_NAME
@@ -29,8 +31,9 @@ LANGS = ("en", "zh")
 Design = Literal["interleaved", "bracketed", "sequential"]
 DESIGNS: tuple[Design, ...] = ("interleaved", "bracketed", "sequential")
 # Backends whose servers can all be up at once beside each other on this host: processes that need no GPU.
-# A GPU server (`process`, `docker`) takes the whole device, so a plan on one runs its variants in turn.
-SIDE_BY_SIDE = ("sim", "vllm_cpu")
+# A GPU server (`process`, `docker`) takes the whole device, so a plan on one runs its variants in turn. Servers
+# already running (`url`) are up beside each other by definition, and cannot be restarted for a bracketed block.
+SIDE_BY_SIDE = ("sim", "vllm_cpu", "url")
 DEFAULT_ROUNDS = 4
 
 
@@ -127,7 +130,7 @@ def batch_size(args: Sequence[str], concurrencies: Sequence[int]) -> int | None:
     own flags set it (theirs win)."""
     if any(a == "--max-num-seqs" or a.startswith("--max-num-seqs=") for a in args):
         return None
-    return max(DEFAULT_MAX_NUM_SEQS, *concurrencies)
+    return max((DEFAULT_MAX_NUM_SEQS, *concurrencies))  # a plan without a performance pass: none
 
 
 @dataclass(frozen=True)
@@ -231,10 +234,18 @@ def _backend(value: Any, where: str, home: Home) -> BackendSpec:
     if isinstance(value, str):
         value = {"kind": value}
     m = _mapping(value, where, ("kind", "args", "command", "kv_cache_gib", "image", "base_url", "gpus",
-                                "hf_cache", "shm_size", "stop_timeout"))
+                                "hf_cache", "shm_size", "stop_timeout", "url"))
     kind = m.get("kind", "sim")
     if kind not in KINDS:
         raise PlanError(f"{where}.kind: expected one of {', '.join(KINDS)}, got {_kind(kind)}")
+    url = m.get("url")
+    if (kind == "url") != (url is not None):
+        raise PlanError(f"{where}.url: the running server's address, given with `kind: url` and only with it")
+    if url is not None:
+        try:
+            url = server_url(str(url))
+        except BackendError as exc:
+            raise PlanError(f"{where}.url: {exc}") from None
     gpus = m.get("gpus", "all")
     if isinstance(gpus, list) and all(isinstance(g, int | str) for g in gpus) and gpus:
         gpus = tuple(str(g) for g in gpus)
@@ -257,7 +268,7 @@ def _backend(value: Any, where: str, home: Home) -> BackendSpec:
         hf_cache=Path(_expand(hf_cache, home)).expanduser() if hf_cache else None, shm_size=shm,
         stop_timeout=_int(m, "stop_timeout", where, DockerSettings.stop_timeout))
     return BackendSpec(cast(Kind, kind), _strings(m, "args", where), command,
-                       _int(m, "kv_cache_gib", where, 1), docker)
+                       _int(m, "kv_cache_gib", where, 1), docker, url)
 
 
 def _server(value: Any) -> ServerFlags:
@@ -444,6 +455,10 @@ def _design(m: dict[str, Any], variants: tuple[Variant, ...], sweep: SweepPlan |
                + ", ".join(f"{v.name} runs on {v.backend.kind}" for v in variants
                            if v.backend.kind not in SIDE_BY_SIDE) + f" (side by side: {', '.join(SIDE_BY_SIDE)})")
         raise PlanError(f"design: interleaved does not fit this plan: {why}; write `design: sequential`")
+    running = sorted(v.name for v in variants if v.backend.kind == "url")
+    if design == "bracketed" and running:
+        raise PlanError(f"design: bracketed restarts each server for every block, and {', '.join(running)} "
+                        "run on servers already running (`kind: url`); write `design: interleaved` or `sequential`")
     fewest = min((performance.requests_at(c) for c in performance.concurrencies), default=1) if performance else 1
     rounds = _int(m, "rounds", "plan", min(DEFAULT_ROUNDS, fewest) if design != "sequential" else 1)
     if design == "sequential" and rounds != 1:

@@ -38,7 +38,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specwatch import __version__, snapshot
 from specwatch.backends import Backend, BackendError, HealthCheck, Launch, make_backend, wait_http_health
-from specwatch.backends.base import HOST, Server
+from specwatch.backends.base import Server
 from specwatch.config import Home
 from specwatch.exit_codes import EXIT_CHECK, EXIT_ERROR, EXIT_OK
 from specwatch.experiment import blocks, disturbance, environment, passes
@@ -459,7 +459,7 @@ class Runner:
         log = s.folder.lifetime(s.lifetimes)[0]
         s.launch = Launch(v.name, tuple(variant_args(self.plan, v)), free_port(), log, self.plan.server.startup_timeout)
         if self.timeline is not None:  # Prometheus takes the new target up while the server starts
-            self.timeline.target(v.name, f"http://{HOST}:{s.launch.port}")
+            self.timeline.target(v.name, backend.address(s.launch))
         step(f"{v.name}: starting {v.backend.kind} server" + (f" ({s.lifetimes})" if s.lifetimes > 1 else ""))
         started = time.monotonic()
         try:

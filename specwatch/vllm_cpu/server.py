@@ -7,7 +7,6 @@ shortcut). `VllmServer` runs one server through `specwatch.supervisor`: start, h
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from specwatch.config import Home
+from specwatch.models.dtype import host_cpu_dtype
 from specwatch.supervisor import Supervisor, log_tail
 
 ENTRY = Path(__file__).with_name("vllm_entry.py")
@@ -46,25 +46,6 @@ NGRAM_CONFIG: dict[str, object] = {
 
 class ServerError(RuntimeError):
     """The server failed to start or stopped early; the message carries the log tail."""
-
-
-def cpu_dtype(cpuinfo: str) -> str:
-    """The article's bfloat16 where the CPU computes it natively, else float32.
-
-    Measured on a 2-core AVX2-only EPYC: oneDNN cannot build a bf16 matmul there ("fallback to
-    torch linear") and SmolLM2 with n-gram ran 2.4 times faster in float32 (112 s vs 264 s for
-    the demo's 16 requests); AVX-512 machines with bf16 keep the article's dtype.
-    """
-    flags = set(cpuinfo.split())
-    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
-
-
-@functools.cache
-def host_cpu_dtype() -> str:
-    try:
-        return cpu_dtype(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        return "bfloat16"
 
 
 def serve_argv(
