@@ -321,41 +321,15 @@ def test_admin_endpoint_needs_the_token_and_then_sends_everything_to_the_baselin
 
 @SERVERS
 @pytest.mark.real_vllm
-def test_real_vllm_a_against_a_passes_with_acceptance_compared(ngram_server: VllmServer, tmp_path: Path) -> None:
-    """An A/A canary on the real server: the n-gram server under two route names. Same engine, same
-    config: the verdict must pass, and unlike the simulator cases both sides speculate, so the
-    acceptance rate is compared too. The same 24 prompts go to each side, pinned, in a shuffled
-    order with two in flight: a fixed order (baseline first in every pair) makes the candidate
-    wait for the baseline's prefill, a real TTFT difference the canary rightly reports. 24, not the
-    policy's 20: a busy machine delivers an answer now and then in one read (no TPOT), and 20 left
-    no room for one (18 of 20 once, with a training run beside it)."""
-    folder = tmp_path / "real"
-    folder.mkdir()
-    tap = Service("exporter", ["--upstream", f"baseline={ngram_server.url}", "--upstream",
-                               f"candidate={ngram_server.url}", "--event-log", str(folder / "events.jsonl")],
-                  folder / "exporter.log", "/healthz")
-    rows = article_rows("code", "en", 24)
-    jobs = [(v, row) for row in rows for v in ("baseline", "candidate")]
-    random.Random(0).shuffle(jobs)
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda job: chat(tap.url, job[1].prompt, 16, job[0], "code"), jobs))
-        code, doc = canary(folder / "report", "--event-log", str(folder / "events.jsonl"), "--task", "code")
-    finally:
-        tap.stop()
-    assert code == EXIT_PASS, (folder / "report" / "canary.md").read_text()
-    acceptance = metric(doc, "code", "acceptance_rate")
-    assert acceptance["state"] == "pass" and acceptance["n_baseline"] == acceptance["n_candidate"] == 24
-    assert acceptance["effect"]["low"] <= 0 <= acceptance["effect"]["high"]
-
-
-@SERVERS
-@pytest.mark.real_vllm
 def test_real_vllm_a_against_a_with_a_cpu_hog_mid_split_still_passes(ngram_server: VllmServer,
                                                                       tmp_path: Path) -> None:
-    """The A/A canary above with a CPU hog (one busy process per core, `tests/hog.py`) over the middle
-    third of the load: the hog slows the one server, both routes slow together, and the verdict stays
-    the quiet one (pass). Each third is 12 prompts sent to both sides; the two in flight are the two
+    """An A/A canary on the real server, with a CPU hog (two busy processes per core, `tests/hog.py`) over the
+    middle third of the load: the n-gram server under two route names, same engine, same config. The hog slows
+    the one server, both routes slow together, and the verdict must pass; unlike the simulator cases both sides
+    speculate, so the acceptance rate is compared too, its interval around 0. (A quiet A/A beside this one took
+    about 80 s of the suite and claimed nothing this one does not: issue 43.) The sides are pinned, never in a
+    fixed order: baseline first in every pair makes the candidate wait for the baseline's prefill, a real TTFT
+    difference the canary rightly reports. Each third is 12 prompts sent to both sides; the two in flight are the two
     sides of one prompt (in a shuffled order, the side sent first drawn per prompt), as a split
     interleaves the sides at every moment. That pairing matters here: on this machine the hog does not
     slow the server evenly but stalls it for seconds at a time, hitting the two requests then in
@@ -399,6 +373,7 @@ def test_real_vllm_a_against_a_with_a_cpu_hog_mid_split_still_passes(ngram_serve
         assert m["state"] == ("insufficient" if m["metric"] in ("itl_p95", "output_identical") else "pass"), m
     acceptance = metric(doc, "code", "acceptance_rate")
     assert acceptance["n_baseline"] == acceptance["n_candidate"] == 36
+    assert acceptance["effect"]["low"] <= 0 <= acceptance["effect"]["high"], acceptance
     # The hog did slow the server, on each side. Per request from the event log (`ts` is its end, on the
     # clock of `hog.started`): its 12 requests wholly under the hog against its 24 quiet ones. The mean
     # under the hog, as the stalls hit a few requests hard and leave the rest at quiet speed (a median

@@ -463,23 +463,6 @@ def test_a_crashed_server_gives_502s_and_comes_back_by_its_restart_policy(stack:
     assert not stack.prometheus('ALERTS{alertname="SpecwatchReconciliationDrift",variant="candidate"}')
 
 
-# the alert and the rules are the same for every profile: checked once, on the fast one
-@pytest.mark.parametrize("stack", ["sim"], indirect=True)
-def test_a_server_down_for_a_minute_fires_the_upstream_down_alert(stack: ComposeStack) -> None:
-    service = candidate_server(stack)
-    stack.compose("stop", service, timeout=120)
-    try:
-        upstream_up(stack, "candidate", 0.0)
-        firing = stack.wait("SpecwatchUpstreamDown firing in Prometheus", lambda: stack.prometheus(
-            'ALERTS{alertname="SpecwatchUpstreamDown", alertstate="firing"}') or None, timeout=150, interval=5)
-        assert firing[0]["metric"]["variant"] == "candidate"
-    finally:
-        stack.compose("start", service, timeout=120)
-    upstream_up(stack, "candidate", 1.0)
-    stack.wait("SpecwatchUpstreamDown resolved", lambda: True if not stack.prometheus(
-        'ALERTS{alertname="SpecwatchUpstreamDown"}') else None, timeout=90, interval=5)
-
-
 def ask_split(stack: ComposeStack, n: int, during: Callable[[int], None] = lambda i: None) -> list[int]:
     """`n` streamed requests as a client of the split sends them (no pinned variant), one after another;
     `during(i)` runs before request i (a fault planted mid-load). Their statuses."""
@@ -497,12 +480,15 @@ def ask_split(stack: ComposeStack, n: int, during: Callable[[int], None] = lambd
     return statuses
 
 
+# the split, the alert and the rules are the same for every profile: checked once, on the fast one
 @pytest.mark.parametrize("stack", ["sim"], indirect=True)
-def test_a_candidate_down_mid_load_fails_no_request_after_the_first_and_gets_its_share_back(
+def test_a_candidate_down_mid_load_fails_no_request_after_the_first_fires_the_alert_and_gets_its_share_back(
         stack: ComposeStack) -> None:
     """Issue 31: the split routes around a variant known down (its probe, or requests in a row that cannot reach
     it) and gives it its share back once its probe has answered for up_after_seconds; every request counted once,
-    on the side that served it, and the baseline's server counted exactly what the exporter counted."""
+    on the side that served it, and the baseline's server counted exactly what the exporter counted. The server
+    stopped stays down until SpecwatchUpstreamDown fires in Prometheus (its `for: 1m`), and the alert resolves once
+    it is back (one stop for both claims: a test of its own stopped it a second time, about 80 s)."""
     service = candidate_server(stack)
     before, server_before = stack.exporter_samples(), server_counters(stack)
     restarts = stack.inspect(service)["RestartCount"]
@@ -535,6 +521,10 @@ def test_a_candidate_down_mid_load_fails_no_request_after_the_first_and_gets_its
         assert moved >= 8, moved  # about half of the requests after it was known down
         assert total(during, "specwatch_upstream_routable", variant="candidate") == 0
         assert stack.compose("logs", "exporter").stdout.count("upstream candidate is down") >= 1
+        upstream_up(stack, "candidate", 0.0)
+        firing = stack.wait("SpecwatchUpstreamDown firing in Prometheus", lambda: stack.prometheus(
+            'ALERTS{alertname="SpecwatchUpstreamDown", alertstate="firing"}') or None, timeout=150, interval=5)
+        assert [a["metric"]["variant"] for a in firing] == ["candidate"], firing
     finally:
         stack.compose("start", service, timeout=120)
     stack.wait("the candidate back in the split", lambda: True if total(
@@ -552,6 +542,9 @@ def test_a_candidate_down_mid_load_fails_no_request_after_the_first_and_gets_its
               - total(before, "specwatch_requests_total", variant="baseline", outcome="ok"))
     name = "vllm:request_success_total"
     assert server_after[(name, "baseline")] - server_before.get((name, "baseline"), 0.0) == served
+    upstream_up(stack, "candidate", 1.0)
+    stack.wait("SpecwatchUpstreamDown resolved", lambda: True if not stack.prometheus(
+        'ALERTS{alertname="SpecwatchUpstreamDown"}') else None, timeout=90, interval=5)
     print(f"{stack.project}: killed: failed {lost}; stopped: failed {failed}, rerouted {moved:g} ({stopped})")
 
 
@@ -574,7 +567,9 @@ def test_the_cpu_candidate_serves_an_eagle3_head_from_the_host(stack: ComposeSta
     """The README's EAGLE-3 choice for the cpu profile as a user makes it: a head trained on the host (the test
     tier's small one), `SPECWATCH_EAGLE3_HEAD` and `VLLM_CPU_SPECULATIVE_CONFIG` set, the candidate re-created.
     It loads, drafts k = 3 with per-step data, and the fields of the requests through the exporter add up to the
-    new server's counters in Prometheus. The candidate gets its n-gram config back afterwards."""
+    new server's counters in Prometheus. The candidate is re-created with its n-gram config afterwards, not waited
+    for: `down` is the only test after this one on the stack (a module-scoped stack runs its tests in file order),
+    and a real server's load is 45-50 s of the suite's budget (issue 43)."""
     head = build_eagle3(home, model_folders.target, size=EAGLE3_SMALL)
     config = {"method": "eagle3", "model": "/opt/specwatch/eagle3", "num_speculative_tokens": 3}
     saved = dict(stack.env)
@@ -600,7 +595,7 @@ def test_the_cpu_candidate_serves_an_eagle3_head_from_the_host(stack: ComposeSta
     finally:
         stack.env.clear()
         stack.env.update(saved)
-        stack.compose("up", "-d", "--wait", "--wait-timeout", "600", "vllm-candidate", timeout=660)
+        stack.compose("up", "-d", "vllm-candidate", timeout=120)
 
 
 def test_down_removes_every_container_network_and_volume(stack: ComposeStack) -> None:

@@ -2,7 +2,8 @@
 
 EAGLE-3: the test tier trains the small head (`EAGLE3_SMALL`, about two minutes, cached in the home; the full one
 is `specwatch models build --eagle3`), serves it with `{"method": "eagle3", ...}` and detailed per-request metrics,
-and checks what a user of the study would read: the per-request fields reconcile exactly with the server's
+and checks what a user of the study would read (the config is `make demo`'s plan's commented EAGLE-3 variant, parsed as
+a user who uncomments it gets it): the per-request fields reconcile exactly with the server's
 counters, acceptance falls with the position, and the code edits (which copy most of their input) accept more than
 the chat paragraphs. Suffix: its drafts are as long as the match allows (up to 16 here), so per draft the deep
 positions read near zero; of the drafts that reached them they do not, and the server's counters still reconcile.
@@ -10,10 +11,13 @@ positions read near zero; of the drafts that reached them they do not, and the s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from specwatch.acceptance import Acceptance, total
 from specwatch.chat_client import fetch_metrics, run_chat
@@ -26,6 +30,8 @@ from specwatch.vllm_cpu.server import VllmServer, serve_argv
 from specwatch.workloads import article_rows
 
 pytestmark = pytest.mark.real_vllm
+
+DEMO_PLAN = Path(__file__).resolve().parents[1] / "examples" / "plans" / "cpu-study.yaml"
 
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 16, "suffix_decoding_max_cached_requests": 0}
 
@@ -48,11 +54,23 @@ def _measured(server: VllmServer, rows: int, max_tokens: int) -> tuple[dict[str,
     return {task: total(b) for task, b in bodies.items()}, failed
 
 
+def commented_variant(text: str, name: str) -> dict[str, Any]:
+    """A variant the plan carries commented out (`  # name:` and the deeper `  #   ...` lines below it), parsed as a
+    user who uncomments it would get it."""
+    lines = text.splitlines()
+    start = lines.index(f"  # {name}:")
+    block = [lines[start]] + [line for line in itertools.takewhile(lambda x: x.startswith("  #   "), lines[start + 1:])]
+    parsed: dict[str, Any] = yaml.safe_load("\n".join(line.replace("# ", "", 1) for line in block))
+    return dict(parsed[name])
+
+
 @pytest.fixture(scope="module")
 def eagle3_server(home: Home, model_folders: models.ModelFolders,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     head = models.build_eagle3(home, model_folders.target, size=models.EAGLE3_SMALL)
-    config = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
+    config = commented_variant(DEMO_PLAN.read_text(), "eagle3")["speculative_config"]
+    assert config["model"] == "{models}/smollm2-135m-instruct-eagle3", config  # the full head; here the small one
+    config["model"] = str(head)
     with _server(home, model_folders.target, config, tmp_path_factory.mktemp("eagle3") / "vllm.log").start() as s:
         yield s
 
@@ -63,7 +81,7 @@ def test_eagle3_head_loads_drafts_and_reconciles_with_code_above_chat(eagle3_ser
     code, chat = by_task["code"], by_task["chat"]
     for acc in (code, chat):
         assert acc.detailed and acc.steps > 0 and len(acc.histogram) == 4, acc.as_dict()
-        assert acc.reached == (acc.steps,) * 3, acc.as_dict()  # EAGLE-3 drafts all k every step
+        assert acc.reached == (acc.steps,) * 3, acc.as_dict()  # EAGLE-3 drafts all of the plan's k = 3 every step
     assert code.accepted > 0, code.as_dict()
     survival = code.survival
     assert survival[0] > survival[1] >= survival[2], code.as_dict()  # acceptance falls with the position

@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RELAY_TESTS = ["tests/test_fastrelay.py", "tests/test_fastrelay_fuzz.py", "tests/test_exporter_fastpath.py",
                "tests/test_exporter_hostile.py"]
 SANITIZERS = ("address", "undefined")
-SANITIZED_FUZZ_CASES = 50_000
+# 3.2 ms a case under the sanitizers here (the preloaded allocator slows the Python side too), against 0.44 ms in
+# the plain tier's 100,000: 50,000 took 159 of the tier's 206 s (issue 43's budget); 15,000 fresh cases a run
+# still drive every chunk shape, split and mutation the fuzz draws through the C paths many times over
+SANITIZED_FUZZ_CASES = 15_000
 
 pytestmark = [pytest.mark.skipif(not fastrelay.AVAILABLE, reason="the compiled relay is not built (no C compiler)"),
               pytest.mark.servers]
@@ -63,7 +66,7 @@ def test_the_relay_tests_pass_with_the_relay_built_under_asan_and_ubsan(tmp_path
     env = {**os.environ, "PYTHONPATH": str(src), "LD_PRELOAD": f"{runtime('asan')} {runtime('ubsan')}",
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:halt_on_error=1",
            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1", "SPECWATCH_SANITIZED": "1",
-           # half the plain tier's 100,000 (a fresh seed each run): the sanitizers watch the same C paths
+           # a fresh seed each run: the sanitizers watch the same C paths as the plain tier's 100,000
            "SPECWATCH_FUZZ_CASES": str(SANITIZED_FUZZ_CASES)}
     which = "from specwatch.exporter import _fastrelay; print(_fastrelay.__file__)"
     loaded = subprocess.run([sys.executable, "-c", which], env=env, cwd=src, capture_output=True, text=True, timeout=60)
