@@ -81,10 +81,12 @@ class Canary:
         return r.status_code, r.json()
 
     def until(self, status: int, query: str = "", seconds: float = 20) -> dict:
+        """The first answer with this status that follows a finished evaluation (before the first one ends the
+        answer is a 503 too: "no evaluation yet; the first is running")."""
         deadline = time.monotonic() + seconds
         while True:
             got, body = self.get(query)
-            if got == status:
+            if got == status and body.get("evaluations", 0) >= 1:
                 return body
             assert time.monotonic() < deadline, (got, body)
             assert self.proc.poll() is None, self.output()
