@@ -13,12 +13,17 @@ A stream handed over with `tail=True` may end in the thread: its last chunks (fi
 to the client unchanged as they arrive and the thread writes the end of the chunked body, then hands the
 stream back with those chunks' raw bytes (`sent`) for the tap to read and count, and the time of the end
 (`ended_at`). Until the tap calls `settled()` for it, `unsettled()` counts it: `/metrics` waits for none
-to be left, so a client that has its answer still finds it counted there.
+to be left, so a client that has its answer still finds it counted there. No client waits for such a
+hand-back, but its next request waits for it (its connection's handler returns after it), so they are taken
+one per loop iteration, in the order the thread wrote the ends: a lock-step burst of ends lets each client's
+next request in after its own end's hand-back, not after the whole burst's. Every other hand-back (a stream
+the tap relays on) is taken as soon as the thread's queue is read.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 
 try:
@@ -53,6 +58,8 @@ class FastRelay:
         self.loop, self.max_seconds = loop, max_seconds
         self.fd: int = _fastrelay.init()
         self._waiting: dict[int, Callable[[Result], None]] = {}
+        self._ends: deque[Result] = deque()  # hand-backs of streams the thread ended, taken one per iteration
+        self._taking_ends = False
         loop.add_reader(self.fd, self._drain)
 
     def held(self, ident: int) -> bool:
@@ -74,11 +81,20 @@ class FastRelay:
         if ident not in self._waiting:
             raise KeyError(f"fastrelay: stream {ident} is not held by the relay thread")
         result = _fastrelay.cancel(ident)
-        if result is None:  # handed back meanwhile: its result is queued
+        if result is None:  # handed back meanwhile: its result is queued (in the thread's queue, or in `_ends`)
             self._drain()
+            self._end_now(ident)
             return
         on_back = self._waiting.pop(ident)
         on_back(result)
+
+    def _end_now(self, ident: int) -> None:
+        """The hand-back of an ended stream waiting in `_ends`, taken now (where it is there)."""
+        for result in self._ends:
+            if result[0] == ident:
+                self._ends.remove(result)
+                self._waiting.pop(ident)(result)
+                return
 
     @staticmethod
     def settled() -> None:
@@ -94,13 +110,30 @@ class FastRelay:
     def _drain(self) -> None:
         stray = []
         for result in _fastrelay.done():
-            on_back = self._waiting.pop(result[0], None)
-            if on_back is None:
+            if result[0] not in self._waiting:
                 stray.append(result[0])
+            elif result[12]:  # the thread wrote the body's end: at its turn (`_take_end`)
+                self._ends.append(result)
             else:
-                on_back(result)
+                self._waiting.pop(result[0])(result)
+        if self._ends and not self._taking_ends:
+            self._taking_ends = True
+            self.loop.call_soon(self._take_end)
         if stray:  # a stream this instance never handed over: a second instance in the process (see above)
             raise RuntimeError(f"fastrelay: streams {stray} came back to an instance that did not hand them over")
 
+    def _take_end(self) -> None:
+        """One ended stream's hand-back; the next in the loop's next iteration (after what arrived meanwhile)."""
+        if self._ends:
+            result = self._ends.popleft()
+            self._waiting.pop(result[0])(result)
+        if self._ends:
+            self.loop.call_soon(self._take_end)
+        else:
+            self._taking_ends = False
+
     def close(self) -> None:
         self.loop.remove_reader(self.fd)
+        while self._ends:  # never left waiting: their handlers return, their counts are made
+            result = self._ends.popleft()
+            self._waiting.pop(result[0])(result)

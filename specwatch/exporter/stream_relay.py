@@ -87,6 +87,8 @@ class StreamRelay:
         self.end_written = False  # the thread wrote the end of the client's body
         self.deferred: list[bytes] | None = None  # ... and the body bytes of its tail, read after the handler
         self.unsettled = False  # `FastRelay.settled()` is still owed for this stream
+        # what the thread counted for a stream it ended, applied by `count_after_end`
+        self.thread_counts: tuple[list[tuple[bytes, bool]], tuple[int, ...], float, float, int] | None = None
 
     # -- waking ---------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -189,33 +191,19 @@ class StreamRelay:
             self.unsettled = True
         if reason == fastrelay.UNUSUAL and tokens < 2:
             self.fruitless += 1
-        for text, plain in segments:  # the thread checked each body as the pattern's text group
-            decoded = text if plain else _decoded(text)
-            if decoded is None:
-                record.outcome = "bad_response"
-            else:
-                record.output.update(decoded)
-        if tokens:
-            self.metrics.fast_relay_chunks.inc(tokens)
-        gaps = record.gaps
-        if tokens and gaps is not None:
-            for i, n in enumerate(counts):
-                if n:
-                    gaps.counts[i] += n
-            gaps.total += gap_sum
-            record.last_token = last_token
-            now = time.perf_counter()
-            if now >= gaps.flush_at:
-                gaps.flush(now)
         assert transport is not None
         if not transport.is_closing():
             transport.resume_reading()
         if reason == fastrelay.CANCELLED:  # the request is ending (a timeout): no more bytes either way
+            self.apply_counts(segments, counts, gap_sum, last_token, tokens)
             return
         if unsent and not transport.is_closing():
             transport.write(unsent)
             unsent = b""
         if ended_at and reason != fastrelay.CLIENT and not unsent:  # the client has it all, the end included
+            # what the thread counted is applied by the count after the end, before its tail: the client's next
+            # request (on this connection, after this handler) waits for nothing more here than the framing
+            self.thread_counts = (segments, counts, gap_sum, last_token, tokens)
             self.end_written, self.at, record.end = True, tail_at, ended_at
             self.metrics.fast_relay_ends.inc()
             self.deferred = []
@@ -224,6 +212,7 @@ class StreamRelay:
             if unread:  # bytes after the body's end: the connection will not be used again
                 conn.data_received(unread)
             return
+        self.apply_counts(segments, counts, gap_sum, last_token, tokens)
         if reason == fastrelay.CLIENT or transport.is_closing():
             self.gone = True  # the upstream connection stays paused: nothing more is read for this client
             return
@@ -242,6 +231,36 @@ class StreamRelay:
         if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             self.paused = True
             conn.pause()
+
+    def apply_counts(self, segments: list[tuple[bytes, bool]], counts: tuple[int, ...], gap_sum: float,
+                     last_token: float, tokens: int) -> None:
+        """What the thread counted while it held the stream: the text it relayed (for the output hash), the
+        inter-token gaps per ITL bucket and the last token's time."""
+        record = self.record
+        for text, plain in segments:  # the thread checked each body as the pattern's text group
+            decoded = text if plain else _decoded(text)
+            if decoded is None:
+                record.outcome = "bad_response"
+            else:
+                record.output.update(decoded)
+        if tokens:
+            self.metrics.fast_relay_chunks.inc(tokens)
+        gaps = record.gaps
+        if tokens and gaps is not None:
+            for i, n in enumerate(counts):
+                if n:
+                    gaps.counts[i] += n
+            gaps.total += gap_sum
+            record.last_token = last_token
+            now = time.perf_counter()
+            if now >= gaps.flush_at:
+                gaps.flush(now)
+
+    def apply_thread_counts(self) -> None:
+        """The counts of a stream the thread ended (`resume` kept them), once, before anything counts it."""
+        if self.thread_counts is not None:
+            counted, self.thread_counts = self.thread_counts, None
+            self.apply_counts(*counted)
 
     def read_sent(self, sent: bytes, at: float) -> None:
         """What the thread wrote to the client already, read and counted as if it had arrived at `at`."""
@@ -290,6 +309,7 @@ class StreamRelay:
                 return response, True
             if not turned:  # the stream's end waits behind new requests and first chunks, not ahead of them
                 await self.turns.wait()
+            self.apply_thread_counts()  # (none: the thread ends a stream only where `later` counts it)
             last = self.relay.finish(head.status)
             self.finish(record)  # before the last bytes: a client that has its answer sees it counted
             if self.gone or (self.transport is not None and self.transport.is_closing()):
@@ -313,6 +333,7 @@ class StreamRelay:
         finally:
             self.take_back()  # the thread still had it: its counts, then ours again
             if not self.record.counted_later:
+                self.apply_thread_counts()  # a stream the thread ended, cut short here: counted by the handler
                 self.settle()  # counted above, or never to be: /metrics waits no longer for it
         return response, False
 
@@ -326,6 +347,7 @@ class StreamRelay:
             deferred, self.deferred = self.deferred, None
             record = self.record
             try:
+                self.apply_thread_counts()  # first: the thread's text came before the tail's
                 for chunk in deferred:
                     self.relay.feed(chunk, self.at)
                 self.relay.finish(status)
