@@ -297,6 +297,62 @@ def test_the_loop_side_refuses_to_take_back_an_id_it_did_not_hand_over() -> None
     asyncio.run(main())
 
 
+def test_ended_streams_come_back_one_per_loop_iteration_and_a_queued_one_is_taken_back_at_once() -> None:
+    """Four streams the thread ends before the loop reads its queue: their hand-backs run one per loop iteration
+    (what each schedules runs before the next one: a client's next request waits for its own end's hand-back,
+    not the whole burst's), and `take_back` of one still queued runs its callback then and there (the thread has
+    forgotten it: `cancel` would not know its id)."""
+    import asyncio
+
+    async def main() -> tuple[list[str], str]:
+        loop = asyncio.get_running_loop()
+        fast = fastrelay.FastRelay(loop, 10.0)
+        pairs = {name: Pair() for name in "ABCD"}
+        order: list[str] = []
+        prefix, suffix = shape()
+        try:
+            ids = {}
+            for name, p in pairs.items():
+                def on_back(result: fastrelay.Result, name: str = name) -> None:
+                    assert result[1] == fastrelay.ENDED and result[12] > 0, result[:3]
+                    order.append(name)
+                    loop.call_soon(order.append, "after " + name)
+                ids[name] = fast.start(p.up_thread.fileno(), p.client_thread.fileno(), prefix, suffix, BOUNDS,
+                                       time.perf_counter(), on_back, tail=True)
+            body = (framed(event("Hi")) + framed(event(finish="stop")) + framed(USAGE) + framed(b"data: [DONE]\n\n")
+                    + b"0\r\n\r\n")
+            for p in pairs.values():  # the loop does not run meanwhile: the four results wait in the thread's queue
+                p.up_test.sendall(body)
+            for p in pairs.values():
+                assert read_exactly(p.client_test, len(body)) == body
+            deadline = time.monotonic() + 5
+            while relay.unsettled() < 4:
+                assert time.monotonic() < deadline, relay.unsettled()
+                time.sleep(0.01)
+            while not fast._ends:  # the loop reads the queue: all four wait their turn
+                await asyncio.sleep(0)
+            last = fast._ends[-1][0]
+            name = next(n for n, i in ids.items() if i == last)
+            before = len(order)
+            fast.take_back(last)
+            assert order[before:] == [name] and not fast.held(last), order
+            while len(order) < 8:
+                await asyncio.sleep(0)
+            return order, name
+        finally:
+            fast.close()
+            for _ in range(4):
+                relay.settled()
+            for p in pairs.values():
+                p.close()
+
+    order, taken_back = asyncio.run(main())
+    assert sorted(x for x in order if not x.startswith("after ")) == list("ABCD"), order
+    by_loop = [x for x in order if not x.startswith("after ") and x != taken_back]
+    for name, following in zip(by_loop, by_loop[1:], strict=False):  # one per iteration: its follow-up first
+        assert order.index("after " + name) < order.index(following), order
+
+
 def back_through_memory_errors(done_fd: int, timeout: float = 5.0) -> tuple:
     """`back`, where building the result may fail for want of memory: it stays queued and is signalled again."""
     deadline = time.monotonic() + timeout

@@ -80,21 +80,24 @@ class FastRelay:
         thread had already queued. `KeyError` where the thread does not hold `ident`."""
         if ident not in self._waiting:
             raise KeyError(f"fastrelay: stream {ident} is not held by the relay thread")
+        if self._end_now(ident):  # ended and read from the thread's queue already (the thread forgot it)
+            return
         result = _fastrelay.cancel(ident)
-        if result is None:  # handed back meanwhile: its result is queued (in the thread's queue, or in `_ends`)
+        if result is None:  # handed back meanwhile: its result is queued
             self._drain()
-            self._end_now(ident)
+            self._end_now(ident)  # where it was an end, `_drain` put it in `_ends`
             return
         on_back = self._waiting.pop(ident)
         on_back(result)
 
-    def _end_now(self, ident: int) -> None:
-        """The hand-back of an ended stream waiting in `_ends`, taken now (where it is there)."""
+    def _end_now(self, ident: int) -> bool:
+        """The hand-back of an ended stream waiting in `_ends`, taken now; whether it was there."""
         for result in self._ends:
             if result[0] == ident:
                 self._ends.remove(result)
                 self._waiting.pop(ident)(result)
-                return
+                return True
+        return False
 
     @staticmethod
     def settled() -> None:
