@@ -565,12 +565,14 @@ def test_counts_held_while_the_loop_takes_in_requests_go_once_it_is_quiet_and_ne
 
     factory = uvloop.new_event_loop if loop_name == "uvloop" else asyncio.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
+        # bounds wide enough for a busy machine (the loop's clock reads at the start of its iteration, a timer may
+        # fire late), narrow enough to tell each case from the others: at once, at the end of busy, at the cap
         quiet, _ = runner.run(released_after(0.0))
-        assert quiet[0] < 0.01, quiet  # nothing held: its turn at once
-        held, _ = runner.run(released_after(0.03))
-        assert 0.029 <= held[0] < 0.03 + 0.02, held  # held while busy, then within a few ms
+        assert quiet[0] < 0.03, quiet  # nothing held: its turn at once
+        held, _ = runner.run(released_after(0.04))
+        assert 0.035 <= held[0] < turns_mod.MAX_HOLD - 0.01, held  # held while busy, then released, not by the cap
         capped, sizes = runner.run(released_after(10.0, waiters=4))
-        assert turns_mod.MAX_HOLD - 0.001 <= capped[0] < turns_mod.MAX_HOLD + 0.05, capped  # never past the cap
+        assert turns_mod.MAX_HOLD - 0.01 <= capped[0] < turns_mod.MAX_HOLD + 0.5, capped  # never past the cap
         assert all(a - b <= 1 for a, b in zip([3, *sizes], sizes, strict=False)), sizes  # then one per iteration
 
 
