@@ -87,15 +87,14 @@ class FastRelay:
             self._drain()
             self._end_now(ident)  # where it was an end, `_drain` put it in `_ends`
             return
-        on_back = self._waiting.pop(ident)
-        on_back(result)
+        self._back(result)
 
     def _end_now(self, ident: int) -> bool:
         """The hand-back of an ended stream waiting in `_ends`, taken now; whether it was there."""
         for result in self._ends:
             if result[0] == ident:
                 self._ends.remove(result)
-                self._waiting.pop(ident)(result)
+                self._back(result)
                 return True
         return False
 
@@ -118,7 +117,7 @@ class FastRelay:
             elif result[12]:  # the thread wrote the body's end: at its turn (`_take_end`)
                 self._ends.append(result)
             else:
-                self._waiting.pop(result[0])(result)
+                self._back(result)
         if self._ends and not self._taking_ends:
             self._taking_ends = True
             self.loop.call_soon(self._take_end)
@@ -128,8 +127,7 @@ class FastRelay:
     def _take_end(self) -> None:
         """One ended stream's hand-back; the next in the loop's next iteration (after what arrived meanwhile)."""
         if self._ends:
-            result = self._ends.popleft()
-            self._waiting.pop(result[0])(result)
+            self._back(self._ends.popleft())
         if self._ends:
             self.loop.call_soon(self._take_end)
         else:
@@ -138,5 +136,8 @@ class FastRelay:
     def close(self) -> None:
         self.loop.remove_reader(self.fd)
         while self._ends:  # never left waiting: their handlers return, their counts are made
-            result = self._ends.popleft()
-            self._waiting.pop(result[0])(result)
+            self._back(self._ends.popleft())
+
+    def _back(self, result: Result) -> None:
+        """The stream's callback with its result: the loop owns the stream again."""
+        self._waiting.pop(result[0])(result)

@@ -309,7 +309,6 @@ class StreamRelay:
                 return response, True
             if not turned:  # the stream's end waits behind new requests and first chunks, not ahead of them
                 await self.turns.wait()
-            self.apply_thread_counts()  # (none: the thread ends a stream only where `later` counts it)
             last = self.relay.finish(head.status)
             self.finish(record)  # before the last bytes: a client that has its answer sees it counted
             if self.gone or (self.transport is not None and self.transport.is_closing()):

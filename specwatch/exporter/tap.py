@@ -52,7 +52,6 @@ HOP_BY_HOP = frozenset({"host", "content-length", "transfer-encoding", "connecti
                         TASK_HEADER, VARIANT_HEADER})
 _HOP_BY_HOP_RAW = frozenset(name.encode("ascii") for name in HOP_BY_HOP)
 MAX_MIRRORS_IN_FLIGHT = 64
-INTAKE_QUIET = 0.002  # seconds without a request started or a head relayed before ended streams are counted
 
 
 def error_response(status: int, message: str, err_type: str) -> web.Response:
@@ -86,20 +85,13 @@ class Tap:
         self._id_prefix, self._ids = secrets.token_hex(4), itertools.count()
         self.fast: FastRelay | None = None  # the compiled relay thread, where built and enabled (`start`)
         self.turns = Turns()  # the ends of streams, a few per loop iteration (`turns.py`)
-        # ends the relay thread wrote: one count per iteration, last, and none while new requests are coming in
-        self.counts_after = Turns(share=None, busy=self._taking_in)
-        self._intake_at = -1.0  # the loop's time of the last request started or upstream head relayed
+        self.counts_after = Turns(share=None)  # ends the relay thread wrote: one count per iteration, last
         self._counting: set[asyncio.Task[None]] = set()  # their counts, each a task of its own
         # The relay thread may write a stream's end before the tap counts it only where a crash between the two
         # loses nothing that would otherwise outlive the process: one process (its counters die with it) and no
         # event log (a file, whose line for that request would be missing). With `--workers` (counters in mmap
         # files) or `--event-log`, every end is counted before its last bytes leave, as before.
         self.tail_ends = cfg.workers == 1 and event_log is None
-
-    def _taking_in(self, now: float) -> bool:
-        """Whether a request started or an upstream head was relayed within `INTAKE_QUIET` seconds: the next
-        first tokens are being served, and the counts of ended streams wait (`Turns.busy`)."""
-        return now - self._intake_at < INTAKE_QUIET
 
     def _new_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids) & 0xFFFFFFFF:08x}"
@@ -148,7 +140,6 @@ class Tap:
 
     # -- the handler ---------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        self._intake_at = asyncio.get_running_loop().time()
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -274,7 +265,6 @@ class Tap:
                             client: web.Request | None, timeout: asyncio.Timeout,
                             release: Callable[[], None]) -> tuple[web.StreamResponse, bool]:
         """Relay from `conn` to `client` (`StreamRelay`); the response and whether the upstream's ended cleanly."""
-        self._intake_at = asyncio.get_running_loop().time()  # its first chunks are read next
         stream = StreamRelay(conn, head, plan, record, self.metrics, self.fast, self.turns, self._finish,
                              *((self.counts_after, self._count_later) if self.tail_ends else ()))
         return await stream.run(client, timeout, release, _forward_headers(head.headers))

@@ -9,33 +9,25 @@ within a few dozen iterations): between two groups the loop polls its sockets an
 arrived (new requests, first chunks), so time to first token does not wait for a whole burst of other
 streams' bookkeeping. Nothing is skipped or reordered within a stream; when the loop is quiet a turn
 costs one iteration. Ends that no client waits for (the relay thread wrote them already) take a queue of
-their own that lets one go per iteration (`Turns(share=None)`): their counts wait behind everything else,
-and with `busy` they also wait while it says the loop is serving new requests (the next burst's intakes and
-first chunks, which a client is waiting for), polled every `HOLD_POLL` seconds, for at most `MAX_HOLD`
-seconds from the first count held; then one goes per iteration as before.
+their own that lets one go per iteration (`Turns(share=None)`): their counts wait behind everything else.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
-
-HOLD_POLL = 0.001  # seconds between two looks at `busy` while the queue is held (libuv's timers count in ms)
-MAX_HOLD = 0.1  # seconds the queue's oldest waiter may be held for `busy`: /metrics waits for counts (`settled`)
 
 
 class Turns:
     """A queue of waiters released in arrival order, max(1, waiting // share) per loop iteration (one where
-    `share` is None); none while `busy(now)` (the loop's clock) says so, for at most `MAX_HOLD` seconds."""
+    `share` is None)."""
 
     SHARE = 8
 
-    def __init__(self, share: int | None = SHARE, busy: Callable[[float], bool] | None = None) -> None:
-        self.share, self.busy = share, busy
+    def __init__(self, share: int | None = SHARE) -> None:
+        self.share = share
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._scheduled = False
-        self._held_since: float | None = None  # when the queue was first held for `busy`, until it empties
 
     def __len__(self) -> int:
         """Waiters queued, cancelled ones not yet skipped included."""
@@ -55,14 +47,7 @@ class Turns:
         """Wake this iteration's share of the waiters still waiting; come back in the next iteration while
         any remain. (Callbacks scheduled while the loop runs its ready queue run in its next iteration,
         after it has polled its sockets: that is the turn.)"""
-        waiting, loop = self._waiting, asyncio.get_running_loop()
-        if self.busy is not None and waiting:
-            now = loop.time()
-            if self._held_since is None:
-                self._held_since = now
-            if now - self._held_since < MAX_HOLD and self.busy(now):
-                loop.call_later(HOLD_POLL, self._release)  # a timer, not the next iteration: no busy loop
-                return
+        waiting = self._waiting
         share = max(1, len(waiting) // self.share) if self.share else 1
         while waiting and share:
             fut = waiting.popleft()
@@ -70,7 +55,6 @@ class Turns:
                 fut.set_result(None)
                 share -= 1
         if waiting:
-            loop.call_soon(self._release)
+            asyncio.get_running_loop().call_soon(self._release)
         else:
             self._scheduled = False
-            self._held_since = None
