@@ -303,7 +303,12 @@ def test_prometheus_slower_than_the_deadline_fails_each_evaluation_within_the_de
 
 def fifo_openers(pid: int) -> int | None:
     """How many of the process's threads wait in a FIFO's open (None where the kernel does not say)."""
-    chans = [(Path(f"/proc/{pid}/task/{tid}/wchan")).read_text() for tid in os.listdir(f"/proc/{pid}/task")]
+    chans = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            chans.append(Path(f"/proc/{pid}/task/{tid}/wchan").read_text())
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended between the listing and the read (an executor's worker leaving)
     if all(c in ("", "0") for c in chans):
         return None
     return sum(c == "wait_for_partner" for c in chans)
