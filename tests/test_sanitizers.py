@@ -67,7 +67,9 @@ def test_the_relay_tests_pass_with_the_relay_built_under_asan_and_ubsan(tmp_path
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:halt_on_error=1",
            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1", "SPECWATCH_SANITIZED": "1",
            # a fresh seed each run: the sanitizers watch the same C paths as the plain tier's 100,000
-           "SPECWATCH_FUZZ_CASES": str(SANITIZED_FUZZ_CASES)}
+           "SPECWATCH_FUZZ_CASES": str(SANITIZED_FUZZ_CASES),
+           # the outer run's options (`-k`, `-p some_plugin`) are not the inner run's: it runs RELAY_TESTS as named
+           "PYTEST_ADDOPTS": ""}
     which = "from specwatch.exporter import _fastrelay; print(_fastrelay.__file__)"
     loaded = subprocess.run([sys.executable, "-c", which], env=env, cwd=src, capture_output=True, text=True, timeout=60)
     assert loaded.returncode == 0 and loaded.stdout.strip().startswith(str(src)), (loaded.stdout, loaded.stderr)
