@@ -72,7 +72,7 @@ class SuiteCpu:
                  f"{len(self.rows)} tests, {cores} cores; busy CPU = the whole machine's (`/proc/stat`), containers "
                  "and the background image build included.", "",
                  "| tier | tests | wall s | busy CPU s | mean busy cores |", "|---|---:|---:|---:|---:|"]
-        for tier in ("unit", "servers", "real_vllm", "compose"):
+        for tier in ("unit", *dict.fromkeys(tier for _, tier in TIERS)):
             rows = [r for r in self.rows if r.tier == tier]
             w, b = sum(r.wall_s for r in rows), sum(r.busy_cpu_s for r in rows)
             lines.append(f"| {tier} | {len(rows)} | {w:.0f} | {b:.0f} | {b / w if w else 0:.2f} |")
